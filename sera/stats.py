@@ -1,0 +1,38 @@
+"""Question-paired bootstrap confidence intervals (shared/DESIGN.md section 7). Pure numpy (no torch)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class BootstrapCI(NamedTuple):
+    delta: np.ndarray | float  # observed mean(a - b)
+    low: np.ndarray | float
+    high: np.ndarray | float
+
+
+def paired_bootstrap_ci(a, b, num_resamples: int = 10000, level: float = 0.95, seed: int = 0) -> BootstrapCI:
+    """Percentile CI of mean(a - b), resampling question indices with replacement (the same for a and b).
+
+    a, b: per-question scores, (Q,) or (Q, K) with one column per k. A resample of Q indices is drawn as
+    multinomial counts over the questions, so all resample means are one (R, Q) @ (Q, K) product.
+    Returns BootstrapCI(delta, low, high), scalars for 1-D input and (K,) arrays for 2-D.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim not in (1, 2) or a.shape[0] == 0:
+        raise ValueError(f"a and b must have the same shape (Q,) or (Q, K) with Q > 0; got {a.shape}, {b.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    diff = (a - b).reshape(a.shape[0], -1)  # (Q, K)
+    q = diff.shape[0]
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(q, np.full(q, 1.0 / q), size=num_resamples)  # (R, Q)
+    means = weights @ diff / q  # (R, K)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha], axis=0)
+    delta = diff.mean(axis=0)
+    if a.ndim == 1:
+        return BootstrapCI(float(delta[0]), float(low[0]), float(high[0]))
+    return BootstrapCI(delta, low, high)

@@ -1,0 +1,51 @@
+"""The shared policy-gradient loss and the run directory (refuse, resume, rewind)."""
+
+import json
+
+import pytest
+import torch
+
+from sera.losses import pg_loss
+from sera.runlog import RunDir, RunExistsError, read_jsonl
+
+
+def test_pg_loss_aggregations_on_hand_values():
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([2.0, -1.0])
+    w = torch.tensor([1.0, 3.0])
+    # sum w A logp: 1*2*(-3) + 3*(-1)*(-0.5) = -6 + 1.5 = -4.5
+    assert pg_loss(logp, mask, adv, w, "token-mean").item() == pytest.approx(4.5 / 3)
+    assert pg_loss(logp, mask, adv, w, "seqnorm", max_len=10).item() == pytest.approx(4.5 / 2 / 10)
+    assert pg_loss(logp, mask, adv, w, "seq-mean-token-mean").item() == pytest.approx(-(2 * -1.5 + 1.5) / 2)
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        pg_loss(logp, mask, adv, w, "sum")
+
+
+def test_pg_loss_gradient_is_weighted_score():
+    logits = torch.tensor([[0.2, -0.1, 0.5]], requires_grad=True)
+    logp = torch.log_softmax(logits, -1)[:, [2, 0]].T  # two one-token rollouts of one prompt: labels 2 and 0
+    pg_loss(logp, torch.ones_like(logp), torch.tensor([1.0, -1.0])).backward()
+    pi = torch.softmax(logits.detach(), -1)[0]
+    expected = -((torch.eye(3)[2] - pi) - (torch.eye(3)[0] - pi)) / 2
+    torch.testing.assert_close(logits.grad[0], expected)
+
+
+def test_rundir_refuses_finished_and_different_and_resumes(tmp_path):
+    cfg = {"method": "sera", "n0": 16, "threads": 1}
+    run = RunDir(tmp_path / "r", cfg)
+    assert not run.resumed
+    for step in range(5):
+        run.log(step, {"train/reward": step / 10, "eval/nan": float("nan")})
+    run.save_checkpoint({"step": 2})
+    again = RunDir(tmp_path / "r", {**cfg, "threads": 2})  # threads may change on resume
+    assert again.resumed and again.load_checkpoint() == {"step": 2}
+    again.rewind(2)
+    assert [r["step"] for r in read_jsonl(again.metrics_file)] == [0, 1, 2]
+    assert read_jsonl(again.metrics_file)[0]["eval/nan"] is None
+    with pytest.raises(RunExistsError, match="different config"):
+        RunDir(tmp_path / "r", {**cfg, "n0": 128})
+    again.finish({"final": 1})
+    assert json.loads((tmp_path / "r" / "DONE").read_text()) == {"final": 1}
+    with pytest.raises(RunExistsError, match="finished run"):
+        RunDir(tmp_path / "r", cfg)

@@ -1,0 +1,84 @@
+"""pass@k against its definition, and the paired bootstrap's coverage on a known distribution."""
+
+import itertools
+import math
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from sera.passk import pass_at_k
+from sera.stats import paired_bootstrap_ci
+
+
+def test_pass_at_k_matches_subset_enumeration():
+    n = 7
+    for c in range(n + 1):
+        outcomes = [1] * c + [0] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(outcomes, k))
+            exact = sum(max(s) for s in subsets) / len(subsets)
+            assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+
+
+def test_pass_at_k_vectorised_shapes():
+    out = pass_at_k(10, np.array([0, 1, 5, 10]), [1, 2, 5])
+    assert out.shape == (4, 3)
+    np.testing.assert_allclose(out[:, 0], [0, 0.1, 0.5, 1.0])
+    assert pass_at_k(np.array([10, 20]), np.array([1, 2]), 1).shape == (2,)
+
+
+def test_pass_at_k_stable_at_n4096():
+    n = 4096
+    for c in [1, 3, 100, 2000, 4090]:
+        for k in [1, 64, 1024, 4000]:
+            exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+            assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-9, abs=1e-12)
+
+
+def test_pass_at_k_bad_input():
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(4, 1, 8)
+    with pytest.raises(ValueError, match="c <= n"):
+        pass_at_k(4, 5, 1)
+
+
+def test_bootstrap_ci_shapes_and_determinism():
+    rng = np.random.default_rng(0)
+    a, b = rng.random((50, 3)), rng.random((50, 3))
+    ci = paired_bootstrap_ci(a, b, num_resamples=2000, seed=3)
+    assert ci.delta.shape == ci.low.shape == (3,)
+    np.testing.assert_allclose(ci.delta, (a - b).mean(0))
+    assert np.all(ci.low <= ci.delta) and np.all(ci.delta <= ci.high)
+    again = paired_bootstrap_ci(a, b, num_resamples=2000, seed=3)
+    np.testing.assert_array_equal(ci.low, again.low)
+    assert isinstance(paired_bootstrap_ci(a[:, 0], b[:, 0]).delta, float)
+
+
+def test_bootstrap_pairing_cancels_shared_question_difficulty():
+    rng = np.random.default_rng(0)
+    difficulty = rng.random(200)
+    ci = paired_bootstrap_ci(difficulty + 0.01, difficulty, num_resamples=1000)
+    assert ci.low == pytest.approx(0.01) and ci.high == pytest.approx(0.01)
+
+
+def test_bootstrap_coverage_near_95_percent():
+    """Per-question differences a - b with known mean 0.1: the 95% interval should cover it ~95% of the time."""
+    rng = np.random.default_rng(1)
+    trials, covered = 400, 0
+    for t in range(trials):
+        b = rng.random(150)
+        a = b + 0.1 + rng.normal(0, 0.3, 150)
+        ci = paired_bootstrap_ci(a, b, num_resamples=1000, seed=t)
+        covered += ci.low <= 0.1 <= ci.high
+    assert 0.91 <= covered / trials <= 0.98  # binomial sd at 400 trials is ~0.011
+
+
+def test_math_modules_do_not_import_torch():
+    code = (
+        "import sys; import sera, sera.allocation, sera.estimation, sera.advantages, sera.methods, "
+        "sera.passk, sera.stats; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
