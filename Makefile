@@ -38,9 +38,21 @@ format: install ## ruff autoformat
 bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
 
-reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=cpu|paper
+SEEDS ?= 0,1,2
+IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip
 
-ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16)
+reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=cpu|paper; SEEDS=0,1,2
+	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(SEEDS)
+	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,sera n0=16,128 seed=$(SEEDS)
+ifeq ($(SCALE),cpu)
+	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera n0=16,128 seed=0
+endif
+	$(PY) -m paper_figures.imagenet table2 --scale $(SCALE)
+
+ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16), SCALE=cpu|paper
+	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=pilot method.pilot_m=2,4,8,16 seed=$(SEEDS)
+	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=history method.pilot_m=0 seed=$(SEEDS)
+	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
 reproduce-maze: install ## Table 4 (maze navigation)
 

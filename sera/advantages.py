@@ -7,6 +7,8 @@ so a prompt's gradient estimate is (1 / n_i) sum_j A_ij grad log pi(y_ij | x_i).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from scipy.special import gammaln
 
@@ -100,3 +102,36 @@ def multiplicity_weights(counts, n0: int) -> np.ndarray:
     if np.any(counts < 1):
         raise ValueError("counts must be positive")
     return np.repeat(n0 / counts, counts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _advantage_by_successes(name: str, n: int, kwargs: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(f1, f0), each (n + 1,): the advantage of a success / failure in a group of n with K = 0..n successes."""
+    rewards = (np.arange(n)[None, :] < np.arange(n + 1)[:, None]).astype(np.float64)  # (n + 1, n): K ones first
+    adv = ADVANTAGES[name](rewards.ravel(), np.full(n + 1, n), **dict(kwargs)).reshape(n + 1, n)
+    f1 = np.where(np.arange(n + 1) > 0, adv[:, 0], 0.0)
+    f0 = np.where(np.arange(n + 1) < n, adv[:, -1], 0.0)
+    return f1, f0
+
+
+def expected_scale(name: str, p, n, **kwargs) -> np.ndarray:
+    """kappa(p, n) with E[(1/n) sum_j A_j grad log pi(y_j)] = kappa grad log p, for any advantage in ADVANTAGES.
+
+    With binary rewards the advantage of a rollout depends only on its reward and the group's success count K, and
+    E[S | r = 1] = grad log p, E[S | r = 0] = -p / (1 - p) grad log p, so
+    kappa = sum_K Binom(K; n, p) [ (K/n) f1(K) - ((n - K)/n) (p / (1 - p)) f0(K) ]. For MaxRL this is c(p, n);
+    for GRPO and the others it is the noise-free scale the classifier study compares against. p (B,), n (B,).
+    """
+    from scipy.stats import binom
+
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1 - 1e-12)
+    n = np.broadcast_to(np.asarray(n, dtype=np.int64), p.shape)
+    kappa = np.empty_like(p)
+    for size in np.unique(n):
+        rows = n == size
+        f1, f0 = _advantage_by_successes(name, int(size), tuple(sorted(kwargs.items())))
+        k = np.arange(size + 1)
+        pmf = binom.pmf(k[None, :], size, p[rows, None])  # (b, n + 1)
+        odds = p[rows, None] / (1 - p[rows, None])
+        kappa[rows] = (pmf * (k / size * f1 - (size - k) / size * odds * f0)).sum(axis=1)
+    return kappa

@@ -24,8 +24,28 @@ class RunExistsError(RuntimeError):
     """The run directory holds a finished run, or an unfinished run with another config."""
 
 
-def _comparable(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in RESUME_IGNORED_KEYS}
+def check_same_config(path: Path, config: dict) -> None:
+    """Raise RunExistsError when `path` already holds a run with a config that differs in a result-changing key."""
+    config_file = Path(path) / "config.yaml"
+    if not config_file.exists():
+        return
+    previous = yaml.safe_load(config_file.read_text())
+    changed = sorted(
+        k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
+    )
+    if changed:
+        state = "a finished" if (Path(path) / "DONE").exists() else "an unfinished"
+        raise RunExistsError(
+            f"{path} holds {state} run with a different config (differs in: {changed}); delete it to start over, "
+            "or rerun with the original config."
+        )
+
+
+def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:
+    """The DONE summary when `path` holds a finished run of this config; None when unfinished or absent."""
+    check_same_config(Path(path), config)
+    done = Path(path) / "DONE"
+    return json.loads(done.read_text() or "{}") if done.exists() else None
 
 
 def _jsonable(value: Any) -> Any:
@@ -41,27 +61,14 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike, config: dict, wandb_cfg: dict | None = None):
         self.path = Path(path)
-        if (self.path / "DONE").exists():
+        if finished_summary(self.path, config) is not None:
             raise RunExistsError(
                 f"{self.path} holds a finished run (DONE exists); refusing to overwrite it. "
                 "Delete the directory or choose another run name or seed."
             )
-        config_file = self.path / "config.yaml"
-        self.resumed = config_file.exists()
-        if self.resumed:
-            previous = yaml.safe_load(config_file.read_text())
-            if _comparable(previous) != _comparable(config):
-                changed = sorted(
-                    k
-                    for k in set(previous) | set(config)
-                    if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
-                )
-                raise RunExistsError(
-                    f"{self.path} holds an unfinished run with a different config (differs in: {changed}); "
-                    "delete it to start over, or rerun with the original config to resume."
-                )
+        self.resumed = (self.path / "config.yaml").exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         self.metrics_file = self.path / "metrics.jsonl"
         self.checkpoint_file = self.path / "checkpoint.pt"
         self._wandb = None

@@ -1,0 +1,407 @@
+"""Classification as a policy: the paper's ImageNet study, where every gradient is exact (DESIGN.md section 5).
+
+The classifier's softmax is the policy; a rollout is a label sampled from it, rewarded 1 if it is the true label.
+p = softmax[y*] is exact, the CE gradient is the exact likelihood gradient, and Pass@K = 1 - (1 - p)^K in closed form.
+
+Run (one run; its directory is named from the config, and the same command resumes an interrupted run):
+    python -m experiments.imagenet.train method=sera n0=16                 # digits1000 on the CPU
+    python -m experiments.imagenet.train method=sera method.estimator=history method.pilot_m=0
+    python -m experiments.imagenet.train scale=imagenet/smoke method=maxrl  # seconds
+    torchrun --nproc_per_node=8 -m experiments.imagenet.train scale=imagenet/paper data.root=/data/imagenet method=sera
+The grid of the paper's Table 2 is `make reproduce-imagenet`; the pilot-size ablation (Table 3) `make ablate-pilot`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from experiments.imagenet.data import (
+    BatchStream,
+    build_digits1000,
+    check_imagenet_root,
+    image_folder_batches,
+    image_folder_val_batches,
+    imagenet_datasets,
+    in_memory_batches,
+    in_memory_val_batches,
+)
+from experiments.imagenet.model import build_model
+from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
+from sera.allocation import scale_factor, uniform, waterline
+from sera.estimation import HistoricalEstimator, pilot_p_hat
+from sera.losses import pg_loss
+from sera.methods import Method, get_method
+from sera.runlog import RunDir, finished_summary
+from sera.threads import set_torch_threads
+
+ESTIMATORS = ("none", "pilot", "history", "oracle")
+ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configuration checks: every cross-field rule, before any work starts.
+# ---------------------------------------------------------------------------------------------------------------
+def resolved_alloc(cfg) -> tuple[int, int, int]:
+    """(n_min, n_max, delta) with the DESIGN defaults filled in: max(2, m), 8 n0, and delta from the estimator."""
+    m = cfg.method.pilot_m if cfg.method.estimator == "pilot" else 0
+    n_min = cfg.alloc.n_min if cfg.alloc.n_min is not None else max(2, m)
+    n_max = cfg.alloc.n_max if cfg.alloc.n_max is not None else 8 * cfg.n0
+    delta = cfg.alloc.delta if cfg.alloc.delta is not None else (0 if cfg.method.keep_cv_on_zero else 1)
+    return n_min, n_max, delta
+
+
+def validate(cfg) -> Method:
+    """Fail with a clear message on a malformed or infeasible config. Returns the registry's method."""
+    method = get_method(cfg.method.name)
+    mc = cfg.method
+    if mc.estimator not in ESTIMATORS:
+        raise ValueError(f"unknown method.estimator {mc.estimator!r}; choose from {ESTIMATORS}")
+    if method.allocator == "waterline" and mc.estimator == "none":
+        raise ValueError("sera needs a p_hat estimator: method.estimator=pilot|history|oracle")
+    if method.allocator == "dars_hw":
+        raise ValueError("dars_hw is run by the language-model loop (maze, math), not the classifier study")
+    if mc.estimator == "pilot" and mc.pilot_m < 1:
+        raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
+    if mc.estimator == "history" and mc.pilot_m != 0:
+        raise ValueError("method.estimator=history takes no pilots: set method.pilot_m=0")
+    if not 0 < mc.p_lo <= mc.p_hi < 1:
+        raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {mc.p_lo}, {mc.p_hi}")
+    if method.advantage == "pkpo" and cfg.n0 < mc.pkpo_k:
+        raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({cfg.n0} < {mc.pkpo_k})")
+    n_min, n_max, delta = resolved_alloc(cfg)
+    if method.advantage is not None:
+        if n_min < 2:
+            raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
+        if not n_min <= cfg.n0 <= n_max:
+            raise ValueError(
+                f"infeasible budget: batch_size * n0 = {cfg.train.batch_size * cfg.n0} rollouts cannot be split "
+                f"with {n_min} <= n_i <= {n_max} (need n_min <= n0 <= n_max; pilots count toward the budget)"
+            )
+    if cfg.train.batch_size < 1 or cfg.train.warm_start_steps < 0:
+        raise ValueError("train.batch_size must be >= 1 and train.warm_start_steps >= 0")
+    if cfg.train.epochs is None and cfg.train.steps <= cfg.train.warm_start_steps and method.advantage is not None:
+        raise ValueError(f"train.steps={cfg.train.steps} leaves no RL steps after {cfg.train.warm_start_steps} CE")
+    if any(k < 1 for k in cfg.eval.ks) or cfg.eval.every < 1 or cfg.eval.grad_cos_every < 1:
+        raise ValueError("eval.ks, eval.every and eval.grad_cos_every must be positive")
+    if cfg.run.if_finished not in ("error", "skip"):
+        raise ValueError(f"run.if_finished must be error or skip, got {cfg.run.if_finished!r}")
+    if cfg.data.name == "imagenet":
+        check_imagenet_root(cfg.data.root)
+    elif cfg.data.name != "digits1000":
+        raise ValueError(f"unknown data.name {cfg.data.name!r}; choose digits1000 or imagenet")
+    if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine"):
+        raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine")
+    return method
+
+
+def run_name(cfg) -> str:
+    """Directory name from the config: method (+ p_hat variant), n0, seed. Never a timestamp."""
+    if cfg.run.name:
+        return cfg.run.name
+    variant = {"none": "", "pilot": f"-m{cfg.method.pilot_m}", "history": "-history", "oracle": "-oracle"}
+    name = cfg.method.name + variant[cfg.method.estimator]
+    return f"{name}_n0-{cfg.n0}_seed-{cfg.seed}" if cfg.method.name != "direct_ce" else f"{name}_seed-{cfg.seed}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rollouts: labels sampled from the softmax, with a different count for every image, in one flat pass.
+# ---------------------------------------------------------------------------------------------------------------
+def sample_labels(probs: torch.Tensor, counts: np.ndarray, generator: torch.Generator):
+    """Draw counts[i] labels from row i of probs (B, C) by inverse CDF: exactly sum(counts) draws, no padding.
+
+    Row i's CDF is shifted by i, so all rows form one increasing array and one searchsorted serves every draw.
+    Returns rows (N,) and labels (N,), grouped by prompt.
+    """
+    num, classes = probs.shape
+    cdf = probs.double().cumsum(dim=1)
+    cdf[:, -1] = 1.0
+    shifted = (cdf + torch.arange(num, dtype=torch.float64, device=cdf.device)[:, None]).reshape(-1)
+    rows = torch.repeat_interleave(torch.arange(num, device=probs.device), torch.as_tensor(counts, device=probs.device))
+    u = torch.rand(rows.numel(), generator=generator, dtype=torch.float64).to(probs.device)
+    labels = torch.searchsorted(shifted, rows + u, right=True) - rows * classes
+    return rows, labels.clamp_(0, classes - 1)
+
+
+def draw_rollouts(cfg, method: Method, probs, p_exact, idx, y, history, generator, alloc_params):
+    """p_hat, allocation, and the step's rollouts. Pilots are the first m rollouts of each group (inside the budget).
+
+    Returns rows (N,), labels (N,), counts (B,), p_hat (B,) or None, tau or None.
+    """
+    mc, batch = cfg.method, probs.shape[0]
+    budget = batch * cfg.n0
+    n_min, n_max, delta = alloc_params
+    pilot_rows = pilot_labels = None
+    if mc.estimator == "pilot":
+        pilot_rows, pilot_labels = sample_labels(probs, np.full(batch, mc.pilot_m), generator)
+        successes = torch.bincount(pilot_rows, weights=(pilot_labels == y[pilot_rows]).double(), minlength=batch)
+        p_hat = pilot_p_hat(successes.cpu().numpy(), mc.pilot_m, mc.p_lo, mc.p_hi)
+    elif mc.estimator == "history":
+        p_hat = history.estimate(idx.numpy())
+    elif mc.estimator == "oracle":
+        p_hat = np.clip(p_exact, ORACLE_CLIP, 1 - ORACLE_CLIP)
+    else:
+        p_hat = None
+
+    tau = None
+    if method.allocator == "waterline":
+        # SERA: spend the same budget so the scale factors c(p_hat_i, n_i) come out (nearly) equal
+        counts, tau = waterline(p_hat, budget, n_min, n_max, delta, return_tau=True)
+    else:
+        counts = uniform(batch, cfg.n0)
+
+    if pilot_rows is None:
+        rows, labels = sample_labels(probs, counts, generator)
+    else:  # reuse the pilots: draw only n_i - m more, then group each prompt's rollouts together
+        extra_rows, extra_labels = sample_labels(probs, counts - mc.pilot_m, generator)
+        rows = torch.cat([pilot_rows, extra_rows])
+        order = torch.argsort(rows, stable=True)
+        rows, labels = rows[order], torch.cat([pilot_labels, extra_labels])[order]
+    return rows, labels, counts, p_hat, tau
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gradients and evaluation.
+# ---------------------------------------------------------------------------------------------------------------
+def flat_grad(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a, b, dim=0))
+
+
+@torch.no_grad()
+def evaluate(model, val_batches, ks, device) -> tuple[dict, np.ndarray]:
+    """Closed-form Pass@K = mean over images of 1 - (1 - p)^K, p = softmax[y*]. Returns metrics and p (N_val,)."""
+    model.eval()
+    p = torch.cat([F.softmax(model(x.to(device)).double(), -1).gather(1, y.to(device)[:, None])[:, 0].cpu()
+                   for x, y in val_batches()]).numpy()
+    model.train()
+    metrics = {f"eval/pass@{k}": float(scale_factor(p, k, delta=0).mean()) for k in ks}
+    return metrics, p
+
+
+def lr_at(cfg, step: int, phase_start: int, phase_end: int) -> float:
+    """Linear warmup from the phase's start, then constant or cosine decay to the phase's end."""
+    t = step - phase_start
+    factor = min(1.0, (t + 1) / max(1, cfg.optim.warmup_steps))
+    if cfg.optim.schedule == "cosine":
+        factor *= 0.5 * (1 + math.cos(math.pi * t / max(1, phase_end - phase_start)))
+    return cfg.optim.lr * factor
+
+
+def make_optimizer(cfg, params):
+    if cfg.optim.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
+                               weight_decay=cfg.optim.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training run.
+# ---------------------------------------------------------------------------------------------------------------
+def setup_distributed(cfg):
+    """(rank, world, device). torchrun sets WORLD_SIZE; each rank then samples and allocates its own B prompts."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
+    if world > 1:
+        torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local)
+    return rank, world, torch.device(f"cuda:{local}" if use_cuda else "cpu")
+
+
+def build_task(cfg, rank: int, world: int):
+    """(train BatchStream, val batches callable, in_features, num_classes)."""
+    b = cfg.train.batch_size
+    if cfg.data.name == "digits1000":
+        train, val = build_digits1000(cfg.data.num_train, cfg.data.num_val, cfg.data.split_seed)
+        stream = BatchStream(len(train), b, cfg.seed, in_memory_batches(train), rank, world)
+        return stream, lambda: in_memory_val_batches(val), train.x.shape[1], 1000
+    train, val = imagenet_datasets(cfg.data.root)
+    stream = BatchStream(len(train), b, cfg.seed, image_folder_batches(train, cfg.data.workers), rank, world)
+    return stream, lambda: image_folder_val_batches(val, b, cfg.data.workers), None, len(train.classes)
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train one run to completion (or resume it) and return the final evaluation."""
+    method = validate(cfg)
+    alloc_params = resolved_alloc(cfg)
+    rank, world, device = setup_distributed(cfg)
+    threads = set_torch_threads(cfg.threads)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    out_dir = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / run_name(cfg)
+    summary = finished_summary(out_dir, config)
+    if summary is not None and cfg.run.if_finished == "skip":
+        print(f"{out_dir} is finished with this config; skipping (run.if_finished=skip)")
+        return summary
+    run_dir = RunDir(out_dir, config, cfg.wandb) if rank == 0 else None
+
+    torch.manual_seed(cfg.seed + rank)
+    stream, val_batches, in_features, num_classes = build_task(cfg, rank, world)
+    model = build_model(cfg.model.name, in_features, num_classes, list(cfg.model.hidden)).to(device)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.index else None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    total_steps = cfg.train.epochs * stream.steps_per_epoch if cfg.train.epochs else cfg.train.steps
+    rl = method.advantage is not None
+    warm = cfg.train.warm_start_steps if rl else 0  # Direct CE is one CE phase; the warm start is its prefix
+    history = HistoricalEstimator(stream.num, cfg.method.p_lo, cfg.method.p_hi)
+    sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
+    optimizer = make_optimizer(cfg, params)
+
+    start = 0
+    state = run_dir.load_checkpoint() if run_dir is not None else None
+    if world > 1:
+        box = [state]
+        torch.distributed.broadcast_object_list(box, src=0)
+        state = box[0]
+    if state is not None:
+        model.load_state_dict(state["model"])
+        if state["step"] >= warm and rl:
+            optimizer = make_optimizer(cfg, params)
+        optimizer.load_state_dict(state["optimizer"])
+        stream.load_state_dict(state["stream"])
+        history.load_state_dict(state["history"])
+        sample_gen.set_state(state["sample_gen"])
+        torch.set_rng_state(state["torch_rng"])
+        start = state["step"]
+        if run_dir is not None:
+            run_dir.rewind(start - 1)
+
+    bar = tqdm(range(start, total_steps), initial=start, total=total_steps, disable=not cfg.progress or rank != 0,
+               desc=run_name(cfg), unit="step")
+    adv_kwargs = {"keep_cv_on_zero": cfg.method.keep_cv_on_zero} if method.advantage == "maxrl" else {}
+    if method.advantage == "pkpo":
+        adv_kwargs = {"k": cfg.method.pkpo_k}
+    final = {}
+    for step in bar:
+        t0 = time.perf_counter()
+        if rl and step == warm:  # RL phase: a fresh optimizer with its own warmup (CE-phase Adam moments mismatch)
+            optimizer = make_optimizer(cfg, params)
+        phase = (0, warm) if step < warm else (warm, total_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step, *phase)
+        idx, x, y = stream.next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(x)
+        logp = F.log_softmax(logits.float(), dim=-1)  # (B, C)
+        logp_true = logp.gather(1, y[:, None])[:, 0]  # (B,) log p
+        ce_loss = -logp_true.mean()  # exact likelihood objective: Direct CE
+        metrics = {"train/ce": ce_loss.item(), "train/p_mean": logp_true.detach().exp().mean().item()}
+
+        if step < warm or not rl:
+            loss = ce_loss
+        else:
+            probs = logp.detach().exp()
+            p_exact = logp_true.detach().exp().double().cpu().numpy()
+            rows, labels, counts, p_hat, tau = draw_rollouts(cfg, method, probs, p_exact, idx, y, history,
+                                                             sample_gen, alloc_params)
+            rewards = (labels == y[rows]).double().cpu().numpy()  # (N,)
+            adv = ADVANTAGES[method.advantage](rewards, counts, **adv_kwargs)
+            correct = cfg.method.multiplicity_correction
+            weights = multiplicity_weights(counts, cfg.n0) if correct else np.ones(rewards.size)
+            # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so prompts keep uniform weight
+            lp = logp[rows, labels][:, None]  # (N, 1): a classifier rollout is one token
+            loss = pg_loss(lp, torch.ones_like(lp), torch.as_tensor(adv, device=device),
+                           torch.as_tensor(weights, device=device), cfg.method.aggregation)
+            history.update(idx.numpy(), np.bincount(rows.cpu().numpy(), weights=rewards, minlength=len(counts)), counts)
+            metrics.update(step_metrics(cfg, rewards, counts, p_exact, p_hat, tau, alloc_params[2], loss.item()))
+            if (step - warm) % cfg.eval.grad_cos_every == 0:
+                metrics.update(gradient_alignment(cfg, method, loss, ce_loss, logp_true, counts, weights, p_exact,
+                                                  adv_kwargs, params))
+
+        optimizer.zero_grad(set_to_none=True)
+        if torch.isfinite(loss):
+            loss.backward()
+            optimizer.step()
+        else:
+            metrics["train/skipped_nonfinite"] = 1
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
+        metrics["time/threads"] = threads
+
+        is_last = step == total_steps - 1
+        if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last):
+            final, p_val = evaluate(model, val_batches, cfg.eval.ks, device)
+            metrics.update(final)
+            bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
+        if run_dir is not None:
+            run_dir.log(step, metrics)
+            if (step + 1) % cfg.run.checkpoint_every == 0 and not is_last:
+                run_dir.save_checkpoint({
+                    "step": step + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "stream": stream.state_dict(), "history": history.state_dict(),
+                    "sample_gen": sample_gen.get_state(), "torch_rng": torch.get_rng_state(),
+                })
+    if run_dir is not None:
+        np.save(run_dir.path / "val_p.npy", p_val)
+        run_dir.finish({"step": total_steps, **final})
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return final
+
+
+def step_metrics(cfg, rewards, counts, p_exact, p_hat, tau, delta, loss) -> dict:
+    """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r)."""
+    c = scale_factor(p_exact, counts, delta)
+    m = {
+        "train/reward": float(rewards.mean()),
+        "train/loss": float(loss),
+        "alloc/rollouts": int(counts.sum()),
+        "alloc/budget": int(len(counts) * cfg.n0),
+        "alloc/n_min": int(counts.min()),
+        "alloc/n_median": float(np.median(counts)),
+        "alloc/n_max": int(counts.max()),
+        "alloc/c_min": float(c.min()),
+        "alloc/c_mean": float(c.mean()),
+        "alloc/c_cv": float(c.std() / max(c.mean(), 1e-12)),
+    }
+    if tau is not None:
+        m["alloc/tau"] = tau
+    if p_hat is not None:
+        m["phat/mae"] = float(np.abs(p_hat - p_exact).mean())
+        m["phat/pearson"] = float(np.corrcoef(p_hat, p_exact)[0, 1]) if p_hat.std() > 0 and p_exact.std() > 0 else None
+    return m
+
+
+def gradient_alignment(cfg, method, loss, ce_loss, logp_true, counts, weights, p_exact, adv_kwargs, params) -> dict:
+    """Cosine of the step's gradient, and of its expectation, to the CE (exact likelihood) gradient, same batch.
+
+    The expectation given the allocation is (1/N) sum_i w_i n_i kappa(p_i, n_i) grad log p_i, with kappa from
+    sera.advantages.expected_scale (c(p, n) for MaxRL): no sampling noise, only the estimator's prompt weighting.
+    """
+    g_ce = flat_grad(ce_loss, params)
+    g_step = flat_grad(loss, params)
+    kappa = expected_scale(method.advantage, p_exact, counts, **adv_kwargs)
+    w_prompt = torch.as_tensor(weights[np.cumsum(counts) - 1] * counts * kappa / counts.sum(), dtype=logp_true.dtype)
+    g_expected = flat_grad(-(w_prompt.to(logp_true.device) * logp_true).sum(), params)
+    return {
+        "grad/cos_ce": cosine(g_step, g_ce),
+        "grad/cos_expected_ce": cosine(g_expected, g_ce),
+        "grad/norm_ratio": float(g_step.norm() / g_ce.norm().clamp_min(1e-30)),
+    }
+
+
+@hydra.main(version_base=None, config_path="../../configs", config_name="imagenet")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
