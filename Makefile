@@ -37,6 +37,7 @@ format: install ## ruff autoformat
 
 bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
+	$(PY) -m bench.bench_imagenet
 
 SEEDS ?= 0,1,2
 IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 # Keys that may differ between an interrupted run and its resumption without changing its results.
-RESUME_IGNORED_KEYS = ("threads", "wandb", "progress")
+RESUME_IGNORED_KEYS = ("threads", "wandb", "progress", "run")
 
 
 class RunExistsError(RuntimeError):

@@ -113,7 +113,9 @@ def check_imagenet_root(root) -> Path:
     for split in ("train", "val"):
         folder = root / split
         if not folder.is_dir():
-            raise FileNotFoundError(f"ImageNet split folder {folder} does not exist (expected {root}/train, {root}/val)")
+            raise FileNotFoundError(
+                f"ImageNet split folder {folder} does not exist (expected {root}/train, {root}/val)"
+            )
         if not any(p.is_dir() for p in folder.iterdir()):
             raise ValueError(f"{folder} holds no class folders: not an ImageFolder layout")
     return root

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import hydra
 import numpy as np
@@ -116,19 +118,21 @@ def run_name(cfg) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Rollouts: labels sampled from the softmax, with a different count for every image, in one flat pass.
 # ---------------------------------------------------------------------------------------------------------------
-def sample_labels(probs: torch.Tensor, counts: np.ndarray, generator: torch.Generator):
-    """Draw counts[i] labels from row i of probs (B, C) by inverse CDF: exactly sum(counts) draws, no padding.
-
-    Row i's CDF is shifted by i, so all rows form one increasing array and one searchsorted serves every draw.
-    Returns rows (N,) and labels (N,), grouped by prompt.
-    """
-    num, classes = probs.shape
+def shifted_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """Row i's CDF shifted by i, flattened (B * C,): all rows form one increasing array for one searchsorted."""
     cdf = probs.double().cumsum(dim=1)
     cdf[:, -1] = 1.0
-    shifted = (cdf + torch.arange(num, dtype=torch.float64, device=cdf.device)[:, None]).reshape(-1)
-    rows = torch.repeat_interleave(torch.arange(num, device=probs.device), torch.as_tensor(counts, device=probs.device))
-    u = torch.rand(rows.numel(), generator=generator, dtype=torch.float64).to(probs.device)
-    labels = torch.searchsorted(shifted, rows + u, right=True) - rows * classes
+    return (cdf + torch.arange(probs.shape[0], dtype=torch.float64, device=cdf.device)[:, None]).reshape(-1)
+
+
+def sample_labels(cdf: torch.Tensor, classes: int, counts: np.ndarray, generator: torch.Generator):
+    """Draw counts[i] labels from row i by inverse CDF: exactly sum(counts) draws, no padding to max n_i.
+
+    cdf is `shifted_cdf(probs)` for probs (B, C). Returns rows (N,) and labels (N,), grouped by prompt.
+    """
+    rows = torch.repeat_interleave(torch.arange(len(counts), device=cdf.device), torch.as_tensor(counts).to(cdf.device))
+    u = torch.rand(rows.numel(), generator=generator, dtype=torch.float64).to(cdf.device)
+    labels = torch.searchsorted(cdf, rows + u, right=True) - rows * classes
     return rows, labels.clamp_(0, classes - 1)
 
 
@@ -137,12 +141,13 @@ def draw_rollouts(cfg, method: Method, probs, p_exact, idx, y, history, generato
 
     Returns rows (N,), labels (N,), counts (B,), p_hat (B,) or None, tau or None.
     """
-    mc, batch = cfg.method, probs.shape[0]
+    mc, (batch, classes) = cfg.method, probs.shape
+    cdf = shifted_cdf(probs)
     budget = batch * cfg.n0
     n_min, n_max, delta = alloc_params
     pilot_rows = pilot_labels = None
     if mc.estimator == "pilot":
-        pilot_rows, pilot_labels = sample_labels(probs, np.full(batch, mc.pilot_m), generator)
+        pilot_rows, pilot_labels = sample_labels(cdf, classes, np.full(batch, mc.pilot_m), generator)
         successes = torch.bincount(pilot_rows, weights=(pilot_labels == y[pilot_rows]).double(), minlength=batch)
         p_hat = pilot_p_hat(successes.cpu().numpy(), mc.pilot_m, mc.p_lo, mc.p_hi)
     elif mc.estimator == "history":
@@ -160,13 +165,42 @@ def draw_rollouts(cfg, method: Method, probs, p_exact, idx, y, history, generato
         counts = uniform(batch, cfg.n0)
 
     if pilot_rows is None:
-        rows, labels = sample_labels(probs, counts, generator)
+        rows, labels = sample_labels(cdf, classes, counts, generator)
     else:  # reuse the pilots: draw only n_i - m more, then group each prompt's rollouts together
-        extra_rows, extra_labels = sample_labels(probs, counts - mc.pilot_m, generator)
+        extra_rows, extra_labels = sample_labels(cdf, classes, counts - mc.pilot_m, generator)
         rows = torch.cat([pilot_rows, extra_rows])
         order = torch.argsort(rows, stable=True)
         rows, labels = rows[order], torch.cat([pilot_labels, extra_labels])[order]
     return rows, labels, counts, p_hat, tau
+
+
+def rollout_loss(cfg, method: Method, logp, logp_true, idx, y, history, generator, alloc_params, adv_kwargs):
+    """One RL step's loss: p_hat, allocation, rollouts, rewards, advantages, weights (DESIGN sections 1-3).
+
+    logp (B, C) log-softmax with grad; logp_true (B,) log p. Returns (loss, the step's rollout data for logging).
+    """
+    probs = logp.detach().exp()
+    p_exact = logp_true.detach().exp().double().cpu().numpy()
+    rows, labels, counts, p_hat, tau = draw_rollouts(
+        cfg, method, probs, p_exact, idx, y, history, generator, alloc_params
+    )
+    rewards = (labels == y[rows]).double().cpu().numpy()  # (N,)
+    adv = ADVANTAGES[method.advantage](rewards, counts, **adv_kwargs)
+    # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so every prompt keeps its uniform weight
+    correct = cfg.method.multiplicity_correction
+    weights = multiplicity_weights(counts, cfg.n0) if correct else np.ones(rewards.size)
+    lp = logp[rows, labels][:, None]  # (N, 1): a classifier rollout is one token
+    device = logp.device
+    loss = pg_loss(
+        lp,
+        torch.ones_like(lp),
+        torch.as_tensor(adv, device=device),
+        torch.as_tensor(weights, device=device),
+        cfg.method.aggregation,
+    )
+    successes = np.bincount(rows.cpu().numpy(), weights=rewards, minlength=len(counts))
+    history.update(idx.numpy(), successes, counts)
+    return loss, SimpleNamespace(rewards=rewards, counts=counts, p_exact=p_exact, p_hat=p_hat, tau=tau, weights=weights)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -174,7 +208,9 @@ def draw_rollouts(cfg, method: Method, probs, p_exact, idx, y, history, generato
 # ---------------------------------------------------------------------------------------------------------------
 def flat_grad(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+    return torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params, strict=True)]
+    )
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -185,8 +221,12 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def evaluate(model, val_batches, ks, device) -> tuple[dict, np.ndarray]:
     """Closed-form Pass@K = mean over images of 1 - (1 - p)^K, p = softmax[y*]. Returns metrics and p (N_val,)."""
     model.eval()
-    p = torch.cat([F.softmax(model(x.to(device)).double(), -1).gather(1, y.to(device)[:, None])[:, 0].cpu()
-                   for x, y in val_batches()]).numpy()
+    p = torch.cat(
+        [
+            F.softmax(model(x.to(device)).double(), -1).gather(1, y.to(device)[:, None])[:, 0].cpu()
+            for x, y in val_batches()
+        ]
+    ).numpy()
     model.train()
     metrics = {f"eval/pass@{k}": float(scale_factor(p, k, delta=0).mean()) for k in ks}
     return metrics, p
@@ -203,8 +243,9 @@ def lr_at(cfg, step: int, phase_start: int, phase_end: int) -> float:
 
 def make_optimizer(cfg, params):
     if cfg.optim.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
-                               weight_decay=cfg.optim.weight_decay)
+        return torch.optim.SGD(
+            params, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
+        )
     return torch.optim.Adam(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
 
@@ -284,8 +325,15 @@ def run(cfg: DictConfig) -> dict:
         if run_dir is not None:
             run_dir.rewind(start - 1)
 
-    bar = tqdm(range(start, total_steps), initial=start, total=total_steps, disable=not cfg.progress or rank != 0,
-               desc=run_name(cfg), unit="step")
+    bar = tqdm(
+        range(start, total_steps),
+        initial=start,
+        total=total_steps,
+        disable=not cfg.progress or rank != 0,
+        desc=run_name(cfg),
+        unit="step",
+        mininterval=0.1 if sys.stderr.isatty() else 5.0,
+    )
     adv_kwargs = {"keep_cv_on_zero": cfg.method.keep_cv_on_zero} if method.advantage == "maxrl" else {}
     if method.advantage == "pkpo":
         adv_kwargs = {"k": cfg.method.pkpo_k}
@@ -308,23 +356,12 @@ def run(cfg: DictConfig) -> dict:
         if step < warm or not rl:
             loss = ce_loss
         else:
-            probs = logp.detach().exp()
-            p_exact = logp_true.detach().exp().double().cpu().numpy()
-            rows, labels, counts, p_hat, tau = draw_rollouts(cfg, method, probs, p_exact, idx, y, history,
-                                                             sample_gen, alloc_params)
-            rewards = (labels == y[rows]).double().cpu().numpy()  # (N,)
-            adv = ADVANTAGES[method.advantage](rewards, counts, **adv_kwargs)
-            correct = cfg.method.multiplicity_correction
-            weights = multiplicity_weights(counts, cfg.n0) if correct else np.ones(rewards.size)
-            # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so prompts keep uniform weight
-            lp = logp[rows, labels][:, None]  # (N, 1): a classifier rollout is one token
-            loss = pg_loss(lp, torch.ones_like(lp), torch.as_tensor(adv, device=device),
-                           torch.as_tensor(weights, device=device), cfg.method.aggregation)
-            history.update(idx.numpy(), np.bincount(rows.cpu().numpy(), weights=rewards, minlength=len(counts)), counts)
-            metrics.update(step_metrics(cfg, rewards, counts, p_exact, p_hat, tau, alloc_params[2], loss.item()))
+            loss, out = rollout_loss(
+                cfg, method, logp, logp_true, idx, y, history, sample_gen, alloc_params, adv_kwargs
+            )
+            metrics.update(step_metrics(cfg, out, alloc_params[2], loss.item()))
             if (step - warm) % cfg.eval.grad_cos_every == 0:
-                metrics.update(gradient_alignment(cfg, method, loss, ce_loss, logp_true, counts, weights, p_exact,
-                                                  adv_kwargs, params))
+                metrics.update(gradient_alignment(method, loss, ce_loss, logp_true, out, adv_kwargs, params))
 
         optimizer.zero_grad(set_to_none=True)
         if torch.isfinite(loss):
@@ -344,11 +381,17 @@ def run(cfg: DictConfig) -> dict:
         if run_dir is not None:
             run_dir.log(step, metrics)
             if (step + 1) % cfg.run.checkpoint_every == 0 and not is_last:
-                run_dir.save_checkpoint({
-                    "step": step + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "stream": stream.state_dict(), "history": history.state_dict(),
-                    "sample_gen": sample_gen.get_state(), "torch_rng": torch.get_rng_state(),
-                })
+                run_dir.save_checkpoint(
+                    {
+                        "step": step + 1,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "stream": stream.state_dict(),
+                        "history": history.state_dict(),
+                        "sample_gen": sample_gen.get_state(),
+                        "torch_rng": torch.get_rng_state(),
+                    }
+                )
     if run_dir is not None:
         np.save(run_dir.path / "val_p.npy", p_val)
         run_dir.finish({"step": total_steps, **final})
@@ -357,8 +400,9 @@ def run(cfg: DictConfig) -> dict:
     return final
 
 
-def step_metrics(cfg, rewards, counts, p_exact, p_hat, tau, delta, loss) -> dict:
+def step_metrics(cfg, out, delta, loss) -> dict:
     """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r)."""
+    rewards, counts, p_exact, p_hat, tau = out.rewards, out.counts, out.p_exact, out.p_hat, out.tau
     c = scale_factor(p_exact, counts, delta)
     m = {
         "train/reward": float(rewards.mean()),
@@ -376,19 +420,25 @@ def step_metrics(cfg, rewards, counts, p_exact, p_hat, tau, delta, loss) -> dict
         m["alloc/tau"] = tau
     if p_hat is not None:
         m["phat/mae"] = float(np.abs(p_hat - p_exact).mean())
+        # sufficient statistics, so tables can pool Pearson r over an epoch of batches (the paper's Table 3)
+        m["phat/moments"] = [
+            len(p_hat),
+            *map(float, (p_hat.sum(), p_exact.sum(), (p_hat**2).sum(), (p_exact**2).sum(), (p_hat * p_exact).sum())),
+        ]
         m["phat/pearson"] = float(np.corrcoef(p_hat, p_exact)[0, 1]) if p_hat.std() > 0 and p_exact.std() > 0 else None
     return m
 
 
-def gradient_alignment(cfg, method, loss, ce_loss, logp_true, counts, weights, p_exact, adv_kwargs, params) -> dict:
+def gradient_alignment(method, loss, ce_loss, logp_true, out, adv_kwargs, params) -> dict:
     """Cosine of the step's gradient, and of its expectation, to the CE (exact likelihood) gradient, same batch.
 
     The expectation given the allocation is (1/N) sum_i w_i n_i kappa(p_i, n_i) grad log p_i, with kappa from
     sera.advantages.expected_scale (c(p, n) for MaxRL): no sampling noise, only the estimator's prompt weighting.
     """
+    counts, weights = out.counts, out.weights
     g_ce = flat_grad(ce_loss, params)
     g_step = flat_grad(loss, params)
-    kappa = expected_scale(method.advantage, p_exact, counts, **adv_kwargs)
+    kappa = expected_scale(method.advantage, out.p_exact, counts, **adv_kwargs)
     w_prompt = torch.as_tensor(weights[np.cumsum(counts) - 1] * counts * kappa / counts.sum(), dtype=logp_true.dtype)
     g_expected = flat_grad(-(w_prompt.to(logp_true.device) * logp_true).sum(), params)
     return {

@@ -1,0 +1,58 @@
+"""Writing tables: markdown, CSV and LaTeX (booktabs) from one list of rows. No torch."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+NOT_RUN = "not run"
+
+
+def fmt(value, digits: int = 2) -> str:
+    """A cell: numbers rounded, None as 'not run', strings as given."""
+    if value is None:
+        return NOT_RUN
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def write_table(out_stem: Path, header: list[str], rows: list[list], digits: int = 2, bold: set | None = None) -> str:
+    """Write out_stem.{md,csv,tex}; `bold` holds (row, column) cells set in bold in the markdown and LaTeX."""
+    out_stem.parent.mkdir(parents=True, exist_ok=True)
+    bold = bold or set()
+    cells = [[fmt(v, digits) for v in row] for row in rows]
+    md_cells = [[f"**{c}**" if (i, j) in bold else c for j, c in enumerate(row)] for i, row in enumerate(cells)]
+    md = "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in md_cells]
+    )
+    out_stem.with_suffix(".md").write_text(md + "\n")
+    with open(out_stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(cells)
+    tex_cells = [
+        [
+            ("\\textbf{" + c + "}") if (i, j) in bold else c.replace("%", "\\%").replace("_", "\\_")
+            for j, c in enumerate(r)
+        ]
+        for i, r in enumerate(cells)
+    ]
+    tex = "\n".join(
+        [
+            "\\begin{tabular}{" + "l" * len(header) + "}",
+            "\\toprule",
+            " & ".join(h.replace("@", "@") for h in header) + " \\\\",
+            "\\midrule",
+        ]
+        + [" & ".join(r) + " \\\\" for r in tex_cells]
+        + ["\\bottomrule", "\\end{tabular}"]
+    )
+    out_stem.with_suffix(".tex").write_text(tex + "\n")
+    return md
+
+
+def read_reference(name: str) -> list[dict]:
+    """A paper table from paper_figures/reference/ (copied from shared/paper/tables)."""
+    with open(Path(__file__).parent / "reference" / name) as f:
+        return list(csv.DictReader(f))

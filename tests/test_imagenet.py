@@ -1,0 +1,197 @@
+"""The classification study: sampler, estimator expectation on a tiny classifier, configs, bad input, smoke runs,
+and resume determinism. Smoke runs call the real entry point at scale=imagenet/smoke in a temp dir."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments.imagenet import train
+from sera.advantages import maxrl, multiplicity_weights
+from sera.allocation import scale_factor, waterline
+from sera.losses import pg_loss
+from sera.runlog import RunExistsError, read_jsonl
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def cfg_for(*overrides):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose("imagenet", overrides=list(overrides))
+
+
+def test_sample_labels_counts_and_distribution():
+    probs = torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.0, 0.0, 0.5, 0.5], [0.25, 0.25, 0.25, 0.25]])
+    counts = np.array([20000, 3, 40000])
+    rows, labels = train.sample_labels(train.shifted_cdf(probs), 4, counts, torch.Generator().manual_seed(0))
+    assert torch.equal(torch.bincount(rows), torch.as_tensor(counts))
+    assert torch.all(rows[:-1] <= rows[1:])  # grouped by prompt
+    for i in (0, 2):
+        freq = torch.bincount(labels[rows == i], minlength=4).double() / counts[i]
+        se = torch.sqrt(probs[i].double() * (1 - probs[i].double()) / counts[i])
+        assert torch.all((freq - probs[i].double()).abs() <= 5 * se + 1e-12)
+    assert set(labels[rows == 1].tolist()) <= {2, 3}  # zero-probability labels are never drawn
+
+
+@pytest.mark.parametrize("allocation", ["uniform", "sera"])
+def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(allocation):
+    """Averaging many sampled MaxRL steps on a tiny linear classifier gives (1/B) sum_i c(p_i, n_i) grad log p_i,
+    within 5 standard errors per coordinate (with SERA's allocation and multiplicity weights as well)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 5)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 3])
+    logp = torch.log_softmax(model(x), -1)
+    p = logp.gather(1, y[:, None])[:, 0].exp().detach().double().numpy()
+    n0 = 6
+    counts = np.full(4, n0) if allocation == "uniform" else waterline(np.clip(p, 0.01, 0.99), 4 * n0, 2, 48)
+    weights = multiplicity_weights(counts, n0) if allocation == "sera" else np.ones(counts.sum())
+    params = list(model.parameters())
+    expected_loss = -(torch.as_tensor(scale_factor(p, counts, 1)) * logp.gather(1, y[:, None])[:, 0].double()).mean()
+    expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(expected_loss, params, retain_graph=True)])
+    gen, draws = torch.Generator().manual_seed(1), []
+    for _ in range(4000):
+        rows, labels = train.sample_labels(train.shifted_cdf(logp.detach().exp()), 5, counts, gen)
+        adv = maxrl((labels == y[rows]).double().numpy(), counts)
+        lp = logp[rows, labels][:, None]
+        loss = pg_loss(lp, torch.ones_like(lp), torch.as_tensor(adv), torch.as_tensor(weights))
+        draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, retain_graph=True)]))
+    draws = torch.stack(draws).double()
+    mean, se = draws.mean(0), draws.std(0) / np.sqrt(len(draws))
+    assert torch.all((mean - expected.double()).abs() <= 5 * se + 1e-9)
+    assert torch.nn.functional.cosine_similarity(mean, expected.double(), dim=0) > 0.99
+
+
+@pytest.mark.parametrize("method", ["direct_ce", "grpo", "maxrl", "sera", "pkpo"])
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "cpu_scratch", "paper"])
+def test_every_config_composes_and_validates(method, scale):
+    cfg = cfg_for(f"method={method}", f"scale=imagenet/{scale}")
+    if scale == "paper":  # real ImageNet: the missing root is the error, raised before any work
+        with pytest.raises(ValueError, match="data.root"):
+            train.validate(cfg)
+    else:
+        assert train.validate(cfg).name == method
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (["method=serra"], Exception, "serra"),
+        (["method=sera", "alloc.n_max=8"], ValueError, "infeasible budget"),
+        (["method=sera", "method.pilot_m=32"], ValueError, "infeasible budget"),
+        (["method=sera", "method.estimator=bogus"], ValueError, "unknown method.estimator"),
+        (["method=sera", "method.estimator=none"], ValueError, "needs a p_hat estimator"),
+        (["method=sera", "method.estimator=history"], ValueError, "pilot_m=0"),
+        (["method=dars_hw"], ValueError, "language-model loop"),
+        (["data.name=imagenet", "data.root=/nonexistent/imagenet"], FileNotFoundError, "does not exist"),
+        (["data.name=mnist"], ValueError, "unknown data.name"),
+        (["method=maxrl", "train.steps=50"], ValueError, "no RL steps"),
+    ],
+)
+def test_bad_input_is_rejected_before_work(overrides, error, match):
+    with pytest.raises(error, match=match):
+        train.validate(cfg_for(*overrides))
+
+
+def run_cli(tmp_path, *overrides, check=True):
+    cmd = [sys.executable, "-m", "experiments.imagenet.train", *overrides, f"run.root={tmp_path}", "threads=1"]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, check=check)
+
+
+@pytest.mark.slow
+def test_smoke_every_method_through_the_real_entry_point(tmp_path):
+    run_cli(tmp_path, "--multirun", "scale=imagenet/smoke", "method=direct_ce,grpo,maxrl,sera,pkpo")
+    run_cli(
+        tmp_path,
+        "--multirun",
+        "scale=imagenet/smoke",
+        "method=sera",
+        "method.estimator=history,oracle",
+        "method.pilot_m=0",
+    )
+    root = tmp_path / "imagenet-smoke"
+    names = sorted(p.name for p in root.iterdir())
+    assert names == [
+        "direct_ce_seed-0",
+        "grpo_n0-16_seed-0",
+        "maxrl_n0-16_seed-0",
+        "pkpo_n0-16_seed-0",
+        "sera-history_n0-16_seed-0",
+        "sera-m8_n0-16_seed-0",
+        "sera-oracle_n0-16_seed-0",
+    ]
+    for name in names:
+        run = root / name
+        assert (run / "DONE").exists() and (run / "config.yaml").exists() and (run / "val_p.npy").exists()
+        records = read_jsonl(run / "metrics.jsonl")
+        assert [r["step"] for r in records] == list(range(8))
+        assert "eval/pass@1024" in records[-1] and "eval/pass@1" in records[3]
+        summary = json.loads((run / "DONE").read_text())
+        assert 0 <= summary["eval/pass@1"] <= summary["eval/pass@1024"] <= 1
+        rl = [r for r in records if "alloc/rollouts" in r]
+        if not name.startswith("direct_ce"):
+            assert len(rl) == 6 and all(r["alloc/rollouts"] == r["alloc/budget"] == 16 * 16 for r in rl)
+            assert any("grad/cos_ce" in r for r in rl)
+    sera = read_jsonl(root / "sera-m8_n0-16_seed-0" / "metrics.jsonl")
+    assert all("phat/mae" in r and "alloc/tau" in r for r in sera if "alloc/rollouts" in r)
+
+
+@pytest.mark.slow
+def test_finished_run_is_never_overwritten(tmp_path):
+    run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl")
+    again = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", check=False)
+    assert again.returncode != 0 and "finished run" in again.stderr
+    skip = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", "run.if_finished=skip")
+    assert "skipping" in skip.stdout
+    other = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", "optim.lr=0.1", check=False)
+    assert other.returncode != 0 and "different config" in other.stderr
+
+
+def test_bad_cli_input_fails_before_creating_a_run(tmp_path):
+    out = run_cli(tmp_path, "scale=imagenet/smoke", "method=sera", "alloc.n_max=4", check=False)
+    assert out.returncode != 0 and "infeasible budget" in out.stderr
+    assert not (tmp_path / "imagenet-smoke").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sera", "direct_ce"])
+def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, method):
+    base = [
+        "scale=imagenet/smoke",
+        f"method={method}",
+        "method.estimator=history" if method == "sera" else "seed=0",
+        "method.pilot_m=0" if method == "sera" else "seed=0",
+        "threads=1",
+    ]
+    train.run(cfg_for(*base, f"run.root={tmp_path / 'a'}"))
+
+    original_log = train.RunDir.log
+
+    def crash_at_step_6(self, step, metrics):
+        if step == 6:
+            raise KeyboardInterrupt("simulated kill")
+        original_log(self, step, metrics)
+
+    cfg_b = cfg_for(*base, f"run.root={tmp_path / 'b'}")
+    monkeypatch.setattr(train.RunDir, "log", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(cfg_b)
+    monkeypatch.setattr(train.RunDir, "log", original_log)
+    train.run(cfg_b)  # same command: resumes from the checkpoint written after step 5
+
+    def load(root):
+        run = next((root / "imagenet-smoke").iterdir())
+        recs = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run / "metrics.jsonl")]
+        return recs, np.load(run / "val_p.npy")
+
+    (rec_a, p_a), (rec_b, p_b) = load(tmp_path / "a"), load(tmp_path / "b")
+    assert rec_a == rec_b
+    np.testing.assert_array_equal(p_a, p_b)
+    with pytest.raises(RunExistsError):
+        train.run(cfg_b)
