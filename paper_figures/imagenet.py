@@ -79,7 +79,7 @@ def val_p(group: list[Run]) -> np.ndarray | None:
     return np.mean(arrays, axis=0) if arrays else None
 
 
-def table2(runs_root: Path, scale: str) -> str:
+def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     runs = [r for r in load_runs(runs_root / f"imagenet-{scale}") if variant(r) in ("", "oracle")]
     groups = sorted(
         group_runs(runs),
@@ -105,8 +105,11 @@ def table2(runs_root: Path, scale: str) -> str:
                 len(g),
                 g[0].get("train.steps"),
                 *[passk[k] for k in KS],
-                mean_over(g, lambda r: rl_mean(r, "grad/cos_ce")),
-                mean_over(g, lambda r: rl_mean(r, "grad/cos_expected_ce")),
+                *(
+                    ["n/a", "n/a"]  # Direct CE is the reference gradient itself
+                    if name == "direct_ce"
+                    else [mean_over(g, lambda r, k=k: rl_mean(r, k)) for k in ("grad/cos_ce", "grad/cos_expected_ce")]
+                ),
             ]
         )
         ref = [
@@ -121,8 +124,8 @@ def table2(runs_root: Path, scale: str) -> str:
                     "",
                     "",
                     *[float(ref[0][f"pass@{k}"]) for k in KS],
-                    None,
-                    None,
+                    "n/a",
+                    "n/a",
                 ]
             )
     for i, row in enumerate(rows):  # bold the better of each reproduced MaxRL/SERA pair at each n0, per column
@@ -134,7 +137,7 @@ def table2(runs_root: Path, scale: str) -> str:
                 a, b = rows[i][col], rows[j][col]
                 if a is not None and b is not None:
                     bold.add((i, col) if a > b else (j, col))
-    out = OUT / f"imagenet-{scale}"
+    out = out_root / f"imagenet-{scale}"
     md = write_table(out / "table2", header, rows, bold=bold)
     verdict = sera_vs_maxrl(groups, scale)
     (out / "table2_verdict.md").write_text(verdict)
@@ -233,7 +236,7 @@ def pooled_pearson(runs: list[Run], last_steps: int) -> float | None:
     return float(cov / np.sqrt(vx * vy)) if vx > 0 and vy > 0 else None
 
 
-def table3(runs_root: Path, scale: str) -> str:
+def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     """Pilot-size ablation at n0 = 16: MAE and Pearson r of p_hat vs exact p over the last epoch of batches, plus
     final Pass@1 and Pass@64."""
     runs = [
@@ -265,7 +268,7 @@ def table3(runs_root: Path, scale: str) -> str:
         )
         if "unfinished" in label:
             rows[-1][0] += " (unfinished)"
-    md = write_table(OUT / f"imagenet-{scale}" / "table3", header, rows, digits=4)
+    md = write_table(out_root / f"imagenet-{scale}" / "table3", header, rows, digits=4)
     text = f"# Table 3 (p_hat estimation, n0 = 16, last epoch of batches), scale={scale}\n\n{md}"
     print(text)
     return text
@@ -276,8 +279,9 @@ def main(argv=None) -> None:
     parser.add_argument("table", choices=["table2", "table3"])
     parser.add_argument("--scale", default="cpu")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    {"table2": table2, "table3": table3}[args.table](args.runs, args.scale)
+    {"table2": table2, "table3": table3}[args.table](args.runs, args.scale, args.out)
 
 
 if __name__ == "__main__":

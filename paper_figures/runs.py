@@ -74,8 +74,9 @@ def load_run(path: Path) -> Run:
     return Run(path, config, records, (path / "DONE").exists(), problems)
 
 
-def load_runs(root: str | Path, report=sys.stderr) -> list[Run]:
-    """Every run directory (a folder with config.yaml) under root, problems reported to `report`."""
+def load_runs(root: str | Path, report=None) -> list[Run]:
+    """Every run directory (a folder with config.yaml) under root, problems reported to `report` (stderr)."""
+    report = report or sys.stderr
     root = Path(root)
     if not root.exists():
         return []
