@@ -23,6 +23,7 @@ KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 OUT = Path(__file__).parent / "out"
 LABELS = {"direct_ce": "Direct CE", "grpo": "GRPO", "maxrl": "MaxRL", "sera": "SERA"}
 ORDER = ["direct_ce", "grpo", "maxrl", "sera"]
+COLORS = {"direct_ce": "C0", "maxrl": "C1", "sera": "C2", "grpo": "C3"}
 
 
 def variant(run: Run) -> str:
@@ -200,11 +201,11 @@ def training_figure(groups: list[list[Run]], stem: Path) -> None:
             label = row_label(g)
             steps, values = g[0].series("eval/pass@1")
             curves = [r.series("eval/pass@1")[1] for r in g if r.series("eval/pass@1")[1].size == values.size]
-            axes[row, 0].plot(steps, np.mean(curves, axis=0), marker="o", ms=3, label=label)
+            axes[row, 0].plot(steps, np.mean(curves, axis=0), marker="o", ms=3, label=label, color=COLORS.get(name))
             if name != "direct_ce":
                 steps, values = g[0].series("grad/cos_ce")
                 curves = [r.series("grad/cos_ce")[1] for r in g if r.series("grad/cos_ce")[1].size == values.size]
-                axes[row, 1].plot(steps, np.mean(curves, axis=0), label=label, alpha=0.8)
+                axes[row, 1].plot(steps, np.mean(curves, axis=0), label=label, alpha=0.8, color=COLORS.get(name))
         axes[row, 0].set(title=f"n0 = {n0}: validation Pass@1", xlabel="step", ylabel="Pass@1")
         axes[row, 1].set(title=f"n0 = {n0}: cos(step gradient, CE gradient)", xlabel="step", ylabel="cosine")
         axes[row, 0].legend(fontsize=8)
@@ -262,8 +263,8 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
                 pooled_pearson(g, epoch),
                 mean_over(g, lambda r: final_eval(r)[1]),
                 mean_over(g, lambda r: final_eval(r)[64]),
-                float(ref["mae"]) if ref else None,
-                float(ref["pearson_r"]) if ref else None,
+                float(ref["mae"]) if ref else "n/a",
+                float(ref["pearson_r"]) if ref else "n/a",
             ]
         )
         if "unfinished" in label:

@@ -19,6 +19,8 @@ def pg_loss(
     weights: torch.Tensor | None = None,
     aggregation: str = "token-mean",
     max_len: int | None = None,
+    num_rollouts: int | None = None,
+    num_tokens: float | None = None,
 ) -> torch.Tensor:
     """Policy-gradient loss -sum(w A log pi) / normaliser.
 
@@ -28,6 +30,8 @@ def pg_loss(
       seqnorm: each rollout's whole sequence log-prob times w A, divided by max_len (default T), averaged over
         rollouts (the suite's definition; the paper's is unpublished).
       seq-mean-token-mean: each rollout's per-token mean log-prob times w A, averaged over rollouts.
+    When only some of the step's rollouts are passed (those with a nonzero advantage: the rest add nothing but
+    still count), num_rollouts and num_tokens give the step's totals for the normalisers.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {aggregation!r}; choose from {AGGREGATIONS}")
@@ -41,8 +45,9 @@ def pg_loss(
     if weights is not None:
         coef = coef * weights.to(logprobs.dtype)
     seq_logp = (logprobs * mask).sum(dim=1)  # (N,)
+    rollouts = num_rollouts or logprobs.shape[0]
     if aggregation == "token-mean":
-        return -(coef * seq_logp).sum() / mask.sum().clamp_min(1.0)
+        return -(coef * seq_logp).sum() / (num_tokens or mask.sum().clamp_min(1.0))
     if aggregation == "seqnorm":
-        return -(coef * seq_logp).mean() / (max_len or logprobs.shape[1])
-    return -(coef * seq_logp / mask.sum(dim=1).clamp_min(1.0)).mean()
+        return -(coef * seq_logp).sum() / rollouts / (max_len or logprobs.shape[1])
+    return -(coef * seq_logp / mask.sum(dim=1).clamp_min(1.0)).sum() / rollouts

@@ -1,0 +1,201 @@
+"""The maze navigation task (DESIGN.md section 5): Prim's-algorithm mazes, their token encoding, and the reward.
+
+A maze of `cells` x `cells` cells is a (2*cells+1)-square uint8 grid (1 = wall, 0 = open): cells sit at odd
+coordinates, the squares between two cells are walls or open passages, and the outer border is all walls. The
+start is the top-left cell (1, 1), the goal the bottom-right cell (2*cells-1, 2*cells-1). A move steps ONE grid
+square, so going from one cell to the next takes two moves (through the passage square between them). The prompt
+is the grid as tokens (<bos>, rows of `#`/`.` with S and G marked, <nl> after each row, <sep>); the answer is moves
+then DONE. Reward is 1 iff the answer is well formed, never leaves the grid or enters a wall, and ends on the goal.
+Held-out mazes use seeds from 10_000 upward, training mazes seeds from 1_000_000 upward, so the two never meet.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+UP, DOWN, LEFT, RIGHT, DONE = "UP", "DOWN", "LEFT", "RIGHT", "DONE"
+MOVES = (UP, DOWN, LEFT, RIGHT)
+# One grid square per move: (row delta, column delta).
+MOVE_DELTAS = {UP: (-1, 0), DOWN: (1, 0), LEFT: (0, -1), RIGHT: (0, 1)}
+
+PAD, BOS, SEP, WALL, OPEN, START, GOAL, NEWLINE = "<pad>", "<bos>", "<sep>", "#", ".", "S", "G", "<nl>"
+VOCAB = [PAD, BOS, SEP, WALL, OPEN, START, GOAL, NEWLINE, UP, DOWN, LEFT, RIGHT, DONE]
+TOKEN_TO_ID = {token: i for i, token in enumerate(VOCAB)}
+ID_TO_TOKEN = dict(enumerate(VOCAB))
+PAD_ID, BOS_ID, SEP_ID = TOKEN_TO_ID[PAD], TOKEN_TO_ID[BOS], TOKEN_TO_ID[SEP]
+WALL_ID, OPEN_ID, START_ID, GOAL_ID, NEWLINE_ID = (TOKEN_TO_ID[t] for t in (WALL, OPEN, START, GOAL, NEWLINE))
+UP_ID, DOWN_ID, LEFT_ID, RIGHT_ID, DONE_ID = (TOKEN_TO_ID[t] for t in (UP, DOWN, LEFT, RIGHT, DONE))
+MOVE_IDS = {TOKEN_TO_ID[m]: m for m in MOVES}
+
+START_POS = (1, 1)
+HELDOUT_SEED = 10_000
+TRAIN_SEED_OFFSET = 1_000_000
+
+
+def cells_for_grid(size: int) -> int:
+    """Cells per side of a `size` x `size` grid; size must be odd and >= 5 (17 in the paper -> 8 cells)."""
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 5 or size % 2 == 0:
+        raise ValueError(f"maze grid size must be an odd integer >= 5 (cells = (size - 1) / 2), got {size!r}")
+    return (int(size) - 1) // 2
+
+
+def goal_position(grid: np.ndarray) -> tuple[int, int]:
+    """The goal: the bottom-right cell of the grid."""
+    return grid.shape[0] - 2, grid.shape[1] - 2
+
+
+def generate_maze(cells: int, seed: int) -> np.ndarray:
+    """A perfect maze (its cells and passages form a spanning tree) by randomized Prim's algorithm.
+
+    Prim's frontier-cell form: grow the maze from a uniformly random cell; each step picks a uniformly random
+    frontier cell (outside the maze, next to it) and opens the passage to a uniformly random neighbour already in
+    the maze. This variant reproduces CALIBRATION.md's shortcut figures at 5x5 cells (81% of solutions only go right
+    and down, the commonest answer solves 3.1%, longest ~28 moves); growing from the top-left cell gives 91%.
+    Returns a (2*cells+1, 2*cells+1) uint8 grid, 1 = wall, 0 = open. Deterministic in `seed`.
+    """
+    if cells < 2:
+        raise ValueError(f"a maze needs at least 2 x 2 cells, got {cells}")
+    rng = np.random.default_rng(seed)
+    grid = np.ones((2 * cells + 1, 2 * cells + 1), dtype=np.uint8)
+    in_maze = np.zeros((cells, cells), dtype=bool)
+    on_frontier = np.zeros((cells, cells), dtype=bool)
+    frontier: list[tuple[int, int]] = []
+
+    def neighbours(r: int, c: int) -> list[tuple[int, int]]:
+        steps = ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1))
+        return [(a, b) for a, b in steps if 0 <= a < cells and 0 <= b < cells]
+
+    def add(r: int, c: int) -> None:
+        in_maze[r, c] = True
+        grid[2 * r + 1, 2 * c + 1] = 0
+        for a, b in neighbours(r, c):
+            if not in_maze[a, b] and not on_frontier[a, b]:
+                on_frontier[a, b] = True
+                frontier.append((a, b))
+
+    add(int(rng.integers(cells)), int(rng.integers(cells)))
+    while frontier:
+        i = int(rng.integers(len(frontier)))
+        frontier[i], frontier[-1] = frontier[-1], frontier[i]
+        r, c = frontier.pop()
+        linked = [(a, b) for a, b in neighbours(r, c) if in_maze[a, b]]
+        a, b = linked[int(rng.integers(len(linked)))]
+        grid[r + a + 1, c + b + 1] = 0  # the passage square between cell (r, c) and cell (a, b)
+        add(r, c)
+    return grid
+
+
+def encode_prompt(grid: np.ndarray) -> list[int]:
+    """<bos>, the grid row by row (# wall, . open, S start, G goal, <nl> after each row), <sep>.
+
+    Length 1 + h * (w + 1) + 1: 134 tokens for an 11x11 grid, 308 for the paper's 17x17.
+    """
+    ids = np.where(np.asarray(grid) != 0, WALL_ID, OPEN_ID)
+    ids[START_POS] = START_ID
+    ids[goal_position(grid)] = GOAL_ID
+    rows = np.concatenate([ids, np.full((ids.shape[0], 1), NEWLINE_ID)], axis=1)
+    return [BOS_ID, *rows.reshape(-1).tolist(), SEP_ID]
+
+
+def encode_answer(moves: list[str]) -> list[int]:
+    """The moves as token ids, then DONE."""
+    if any(m not in MOVE_DELTAS for m in moves):
+        raise ValueError(f"moves must be among {MOVES}, got {moves!r}")
+    return [TOKEN_TO_ID[m] for m in moves] + [DONE_ID]
+
+
+def decode_answer(token_ids) -> list[str] | None:
+    """The moves of a generated answer, read up to the first DONE; None if malformed.
+
+    Malformed: no DONE at all, or any token before DONE that is not a move (pad included). Tokens after the first
+    DONE are ignored (padding). `[DONE]` alone is well formed: the empty move list.
+    """
+    moves = []
+    for t in np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist():
+        if t == DONE_ID:
+            return moves
+        if t not in MOVE_IDS:
+            return None
+        moves.append(MOVE_IDS[t])
+    return None
+
+
+def reward(grid: np.ndarray, token_ids) -> float:
+    """1.0 iff the answer is well formed (moves then DONE), every move stays in the grid and off walls, and the
+    final position is the goal; else 0.0. Passing through the goal and moving on counts only where it ends."""
+    moves = decode_answer(token_ids)
+    if moves is None:
+        return 0.0
+    h, w = grid.shape
+    r, c = START_POS
+    for m in moves:
+        dr, dc = MOVE_DELTAS[m]
+        r, c = r + dr, c + dc
+        if not (0 <= r < h and 0 <= c < w) or grid[r, c] != 0:
+            return 0.0
+    return float((r, c) == goal_position(grid))
+
+
+def solve(grid: np.ndarray) -> list[str]:
+    """A shortest path from start to goal by BFS, as moves (no DONE); unique in a perfect maze.
+
+    Raises ValueError if the goal is unreachable.
+    """
+    h, w = grid.shape
+    goal = goal_position(grid)
+    came_from: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {START_POS: None}
+    queue = deque([START_POS])
+    while queue:
+        pos = queue.popleft()
+        if pos == goal:
+            break
+        for m in MOVES:
+            dr, dc = MOVE_DELTAS[m]
+            nxt = (pos[0] + dr, pos[1] + dc)
+            if 0 <= nxt[0] < h and 0 <= nxt[1] < w and grid[nxt] == 0 and nxt not in came_from:
+                came_from[nxt] = (pos, m)
+                queue.append(nxt)
+    if goal not in came_from:
+        raise ValueError("the goal is not reachable from the start")
+    moves, pos = [], goal
+    while came_from[pos] is not None:
+        pos, m = came_from[pos]
+        moves.append(m)
+    return moves[::-1]
+
+
+def heldout_mazes(num: int, cells: int, seed: int = HELDOUT_SEED) -> list[np.ndarray]:
+    """The fixed held-out set: mazes from seeds seed, seed + 1, ..., seed + num - 1 (all below the training seeds)."""
+    if seed < 0 or seed + num > TRAIN_SEED_OFFSET:
+        raise ValueError(f"held-out seeds [{seed}, {seed + num}) must lie in [0, {TRAIN_SEED_OFFSET})")
+    return [generate_maze(cells, seed + i) for i in range(num)]
+
+
+def train_maze_seed(step: int, index: int, batch: int) -> int:
+    """Seed of training maze `index` of step `step` (batch mazes a step): TRAIN_SEED_OFFSET + step * batch + index.
+
+    Every training maze is fresh and, being >= TRAIN_SEED_OFFSET, never one of the held-out mazes.
+    """
+    if step < 0 or batch < 1 or not 0 <= index < batch:
+        raise ValueError(f"need step >= 0 and 0 <= index < batch, got step={step}, index={index}, batch={batch}")
+    return TRAIN_SEED_OFFSET + step * batch + index
+
+
+def best_fixed_answer_rate(mazes: list[np.ndarray]) -> tuple[list[str], float]:
+    """The shortcut baseline (CALIBRATION.md, Maze): among the mazes' shortest-path answers, the one answer that
+    solves the largest fraction of the mazes, and that fraction. Ties go to the answer of the earliest maze."""
+    if not mazes:
+        raise ValueError("need at least one maze")
+    candidates = list(dict.fromkeys(tuple(solve(g)) for g in mazes))
+    rates = [np.mean([reward(g, encode_answer(list(a))) for g in mazes]) for a in candidates]
+    best = int(np.argmax(rates))
+    return list(candidates[best]), float(rates[best])
+
+
+def distinct_answers(answers: list) -> int:
+    """Number of distinct well-formed decoded answers among `answers` (token id lists); malformed ones are excluded,
+    so a maze whose samples are all malformed scores 0."""
+    decoded = (decode_answer(a) for a in answers)
+    return len({tuple(m) for m in decoded if m is not None})

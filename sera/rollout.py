@@ -1,0 +1,203 @@
+"""Rollout engines for language-model policies: n_i samples for each prompt i, heterogeneous counts in one call.
+
+`HFEngine` (CPU default) runs transformers models with a KV cache: each prompt is prefilled once, its cache rows are
+repeated n_i times, and finished rows are dropped as they emit the end token. `VLLMEngine` wraps vLLM (GPU machines,
+optional dependency) with a per-request n and a weight sync after every update. `response_logprobs` recomputes the
+sampled responses' log-probs with gradients for the loss, reusing one prompt forward per prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Rollouts:
+    """A step's rollouts, grouped by prompt: rows of prompt 0 first, then prompt 1, ..."""
+
+    prompt_index: torch.Tensor  # (N,) prompt of each rollout
+    tokens: torch.Tensor  # (N, T) response tokens, pad after the end token
+    mask: torch.Tensor  # (N, T) 1 on response tokens up to and including the end token
+    logprobs: torch.Tensor  # (N, T) sampling-time log-probs (0 where mask is 0)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.bincount(self.prompt_index.cpu().numpy())
+
+    def select(self, rows: torch.Tensor) -> Rollouts:
+        return Rollouts(self.prompt_index[rows], self.tokens[rows], self.mask[rows], self.logprobs[rows])
+
+
+def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
+    """Merge rollouts of the same prompts (e.g. pilots and the rest) into one set grouped by prompt, pilots first."""
+    width = max(p.tokens.shape[1] for p in parts)
+
+    def pad(x, value):
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    prompt_index = torch.cat([p.prompt_index for p in parts])
+    order = torch.argsort(prompt_index, stable=True)
+    return Rollouts(
+        prompt_index[order],
+        torch.cat([pad(p.tokens, pad_id) for p in parts])[order],
+        torch.cat([pad(p.mask, 0) for p in parts])[order],
+        torch.cat([pad(p.logprobs, 0.0) for p in parts])[order],
+    )
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids (B, L), attention mask (B, L), position ids (B, L)) of left-padded prompts."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.as_tensor(p, device=device)
+        attn[i, width - len(p) :] = 1
+    return ids, attn, (attn.cumsum(-1) - 1).clamp_min(0)
+
+
+class HFEngine:
+    """Sampling with a transformers causal LM (temperature T, no top-k/top-p), KV cache shared across a group."""
+
+    def __init__(self, model, eos_id: int, pad_id: int, temperature: float = 1.0):
+        self.model, self.eos_id, self.pad_id, self.temperature = model, eos_id, pad_id, temperature
+
+    def sync_weights(self, model) -> None:
+        """The engine samples from the training model itself: nothing to copy."""
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], counts, max_new_tokens: int, generator: torch.Generator) -> Rollouts:
+        """counts[i] samples of prompt i (a count may be 0). Returns Rollouts grouped by prompt."""
+        device = next(self.model.parameters()).device
+        counts = torch.as_tensor(np.asarray(counts), dtype=torch.long)
+        rows = torch.repeat_interleave(torch.arange(len(prompts)), counts).to(device)  # (N,)
+        num = rows.numel()
+        tokens = torch.full((num, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((num, max_new_tokens), device=device)
+        mask = torch.zeros((num, max_new_tokens), dtype=torch.long, device=device)
+        if num == 0:
+            return Rollouts(rows, tokens, mask, logprobs)
+        was_training = self.model.training
+        self.model.eval()
+        ids, attn, pos = left_pad(prompts, self.pad_id, device)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        cache = out.cache
+        cache.batch_select_indices(rows)  # each prompt's KV cache repeated n_i times, prefilled once
+        logits, attn, next_pos = out.logits[rows, -1], attn[rows], pos[rows, -1] + 1
+        active = torch.arange(num, device=device)  # rows still generating
+        for t in range(max_new_tokens):
+            step_logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+            tok = torch.multinomial(step_logp.exp().cpu(), 1, generator=generator)[:, 0].to(device)
+            tokens[active, t] = tok
+            logprobs[active, t] = step_logp.gather(1, tok[:, None])[:, 0]
+            mask[active, t] = 1
+            keep = tok != self.eos_id
+            if t == max_new_tokens - 1 or not keep.any():
+                break
+            if not keep.all():  # drop finished rows from the batch and the cache
+                kept = keep.nonzero()[:, 0]
+                cache.batch_select_indices(kept)
+                active, tok, attn, next_pos = active[kept], tok[kept], attn[kept], next_pos[kept]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(
+                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], cache=cache, use_cache=True
+            )
+            logits, next_pos = out.logits[:, -1], next_pos + 1
+        self.model.train(was_training)
+        return Rollouts(rows, tokens, mask, logprobs)
+
+
+def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int) -> torch.Tensor:
+    """Per-token log-probs (N, T) of the rollouts' responses under `model`, with gradients.
+
+    The prompts the rollouts belong to are run once; their KV cache is repeated per rollout (gradients flow back
+    through it) and the responses are run on top. Do not combine with gradient checkpointing.
+    """
+    device = next(model.parameters()).device
+    used, row_of = torch.unique(rollouts.prompt_index, return_inverse=True)
+    ids, attn, pos = left_pad([prompts[i] for i in used.tolist()], pad_id, device)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    cache = out.cache
+    cache.batch_select_indices(row_of.to(device))
+    width = rollouts.tokens.shape[1]
+    full_attn = torch.cat([attn[row_of], torch.ones((len(row_of), width), dtype=attn.dtype, device=device)], dim=1)
+    resp_pos = pos[row_of, -1:] + 1 + torch.arange(width, device=device)[None, :]
+    resp = model(
+        input_ids=rollouts.tokens.to(device),
+        attention_mask=full_attn,
+        position_ids=resp_pos,
+        cache=cache,
+        use_cache=True,
+    )
+    logits = torch.cat([out.logits[row_of, -1:], resp.logits[:, :-1]], dim=1)  # logits predicting each response token
+    return torch.log_softmax(logits.float(), dim=-1).gather(2, rollouts.tokens.to(device)[..., None])[..., 0]
+
+
+class VLLMEngine:
+    """vLLM sampling (GPU machines; `pip install .[vllm]`). Per-request n = n_i; weights synced after each update.
+
+    Only a GPU run can confirm this engine end to end; the CPU test suite runs it only where vLLM imports.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        eos_id: int,
+        pad_id: int,
+        temperature: float = 1.0,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.3,
+    ):
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=model_path, seed=seed, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True
+        )
+        self.eos_id, self.pad_id, self.temperature, self.seed = eos_id, pad_id, temperature, seed
+
+    def sync_weights(self, model) -> None:
+        """Copy the training model's weights into the vLLM workers (called after every optimizer step)."""
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+
+        def load(worker):
+            worker.model_runner.model.load_weights(weights=state.items())
+
+        self.llm.collective_rpc(load)
+
+    def generate(self, prompts: list[list[int]], counts, max_new_tokens: int, generator: torch.Generator) -> Rollouts:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        counts = np.asarray(counts)
+        base_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        keep = [i for i in range(len(prompts)) if counts[i] > 0]
+        params = [
+            SamplingParams(
+                n=int(counts[i]),
+                temperature=self.temperature,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=base_seed + i,
+                stop_token_ids=[self.eos_id],
+            )
+            for i in keep
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in keep], params)
+        rows, tokens, logprobs = [], [], []
+        for i, out in zip(keep, outputs, strict=True):
+            for completion in out.outputs:
+                rows.append(i)
+                tokens.append(list(completion.token_ids))
+                logprobs.append([next(iter(d.values())).logprob for d in completion.logprobs])
+        num = len(rows)
+        tok = torch.full((num, max_new_tokens), self.pad_id, dtype=torch.long)
+        lp, mask = torch.zeros((num, max_new_tokens)), torch.zeros((num, max_new_tokens), dtype=torch.long)
+        for r, (t, l) in enumerate(zip(tokens, logprobs, strict=True)):
+            tok[r, : len(t)], lp[r, : len(l)], mask[r, : len(t)] = torch.tensor(t), torch.tensor(l), 1
+        return Rollouts(torch.tensor(rows, dtype=torch.long), tok, mask, lp)
