@@ -211,7 +211,7 @@ def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
                     metrics["train/grad_norm"] = float(grad_norm)
                 else:
                     metrics["train/skipped_nonfinite"] = 1
-                metrics["train/loss"] = float(loss)
+                metrics["train/loss"] = loss.item()
             else:  # never crash or corrupt the model on a bad step: skip it and say so
                 metrics["train/skipped_nonfinite"] = 1
             engine.sync_weights(model)
