@@ -38,6 +38,7 @@ format: install ## ruff autoformat
 bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
 	$(PY) -m bench.bench_imagenet
+	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base/DONE),--model runs/maze-cpu/base)
 
 SEEDS ?= 0,1,2
 IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip
@@ -55,13 +56,23 @@ ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 =
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=history method.pilot_m=0 seed=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
-reproduce-maze: install ## Table 4 (maze navigation)
+MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=skip
+MAZE_SEEDS ?= 0
 
-reproduce-math: install ## Tables 1, 5-9 (math reasoning; GPUs and model weights)
+reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|paper
+	$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS)
+	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
+	$(PY) -m paper_figures.maze --scale $(SCALE)
 
-tables: install ## rebuild paper tables from runs/ into paper_figures/out/
+reproduce-math: ## Tables 1, 5-9 (math reasoning; GPUs and model weights) - not implemented yet
+	@echo "reproduce-math: the math study is not implemented yet (see README, Status)"; exit 1
 
-figures: install ## rebuild paper figures from runs/ into paper_figures/out/
+tables: install ## rebuild the paper tables that have runs (runs/ -> paper_figures/out/), SCALE=cpu|paper
+	$(PY) -m paper_figures.imagenet table2 --scale $(SCALE)
+	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
+	$(PY) -m paper_figures.maze --scale $(SCALE)
+
+figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 
 clean: ## remove caches (keeps .venv and runs/)
 	rm -rf .pytest_cache .ruff_cache .hypothesis
