@@ -195,3 +195,24 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, met
     np.testing.assert_array_equal(p_a, p_b)
     with pytest.raises(RunExistsError):
         train.run(cfg_b)
+
+
+@pytest.mark.slow
+def test_distributed_data_parallel_path_with_two_cpu_processes(tmp_path):
+    """The multi-GPU ImageNet path (torchrun + DistributedDataParallel), exercised with the gloo backend on CPU."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node=2",
+        "-m",
+        "experiments.imagenet.train",
+        "scale=imagenet/smoke",
+        "method=sera",
+        "device=cpu",
+        "threads=1",
+        f"run.root={tmp_path}",
+    ]
+    subprocess.run(cmd, env=ENV, check=True, capture_output=True, timeout=600)
+    run = tmp_path / "imagenet-smoke" / "sera-m8_n0-16_seed-0"
+    records = read_jsonl(run / "metrics.jsonl")
+    assert (run / "DONE").exists() and [r["step"] for r in records] == list(range(8))

@@ -22,9 +22,19 @@ EOS, PAD = 9, 0
 
 def tiny_model(seed=0):
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=1)
+    config = LlamaConfig(
+        vocab_size=10,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        bos_token_id=1,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -86,23 +96,42 @@ class ToyTask:
 
 
 def loop_cfg(tmp_path, method="sera", estimator="pilot", m=2, aggregation="token-mean", steps=4):
-    return OmegaConf.create({
-        "seed": 0, "n0": 8, "max_new_tokens": 4, "progress": False,
-        "method": {"name": method, "estimator": estimator, "pilot_m": m, "p_lo": 1 / 16, "p_hi": 15 / 16,
-                   "multiplicity_correction": method == "sera", "keep_cv_on_zero": False, "pkpo_k": 4,
-                   "aggregation": aggregation},
-        "alloc": {"n_min": None, "n_max": None, "delta": None},
-        "optim": {"lr": 1e-2, "weight_decay": 0.0, "warmup_steps": 1, "grad_clip": 1.0},
-        "train": {"batch_size": 4, "steps": steps},
-        "eval": {"every": 2, "samples": 8, "ks": [1, 2, 8], "max_rollouts_per_call": 64},
-        "run": {"checkpoint_every": 2},
-    })
+    return OmegaConf.create(
+        {
+            "seed": 0,
+            "n0": 8,
+            "max_new_tokens": 4,
+            "progress": False,
+            "method": {
+                "name": method,
+                "estimator": estimator,
+                "pilot_m": m,
+                "p_lo": 1 / 16,
+                "p_hi": 15 / 16,
+                "multiplicity_correction": method == "sera",
+                "keep_cv_on_zero": False,
+                "pkpo_k": 4,
+                "aggregation": aggregation,
+            },
+            "alloc": {"n_min": None, "n_max": None, "delta": None},
+            "optim": {"lr": 1e-2, "weight_decay": 0.0, "warmup_steps": 1, "grad_clip": 1.0},
+            "train": {"batch_size": 4, "steps": steps},
+            "eval": {"every": 2, "samples": 8, "ks": [1, 2, 8], "max_rollouts_per_call": 64},
+            "run": {"checkpoint_every": 2},
+        }
+    )
 
 
 @pytest.mark.parametrize(
     "method, estimator, m, aggregation",
-    [("sera", "pilot", 2, "token-mean"), ("sera", "history", 0, "seqnorm"), ("maxrl", "none", 0, "seqnorm"),
-     ("grpo", "none", 0, "token-mean"), ("pkpo", "none", 0, "token-mean"), ("dars_hw", "none", 0, "token-mean")],
+    [
+        ("sera", "pilot", 2, "token-mean"),
+        ("sera", "history", 0, "seqnorm"),
+        ("maxrl", "none", 0, "seqnorm"),
+        ("grpo", "none", 0, "token-mean"),
+        ("pkpo", "none", 0, "token-mean"),
+        ("dars_hw", "none", 0, "token-mean"),
+    ],
 )
 def test_lm_loop_trains_and_logs(tmp_path, method, estimator, m, aggregation):
     cfg = loop_cfg(tmp_path, method, estimator, m, aggregation)
@@ -174,20 +203,35 @@ def test_vllm_engine_where_vllm_imports(tmp_path):
             p.add_(0.5)
     engine.sync_weights(model)  # after a sync, vLLM samples from the updated weights
     out = engine.generate(PROMPTS, [2, 2, 2], 6, torch.Generator().manual_seed(0))
-    torch.testing.assert_close(response_logprobs(model, PROMPTS, out, PAD) * out.mask, out.logprobs * out.mask,
-                               atol=2e-2, rtol=0)
+    torch.testing.assert_close(
+        response_logprobs(model, PROMPTS, out, PAD) * out.mask, out.logprobs * out.mask, atol=2e-2, rtol=0
+    )
 
 
 @pytest.mark.slow
 def test_maze_smoke_through_the_real_entry_point(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "experiments.maze.train", "--multirun", "scale=maze/smoke", "method=sera,maxrl",
-           "method.pilot_m=2", "method.aggregation=token-mean,seqnorm", f"run.root={tmp_path}", "threads=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.maze.train",
+        "--multirun",
+        "scale=maze/smoke",
+        "method=sera,maxrl",
+        "method.pilot_m=2",
+        "method.aggregation=token-mean,seqnorm",
+        f"run.root={tmp_path}",
+        "threads=1",
+    ]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     root = tmp_path / "maze-smoke"
     assert sorted(p.name for p in root.iterdir()) == [
-        "base", "maxrl-seqnorm_n0-8_seed-0", "maxrl-token-mean_n0-8_seed-0",
-        "sera-seqnorm_n0-8_seed-0", "sera-token-mean_n0-8_seed-0"]
+        "base",
+        "maxrl-seqnorm_n0-8_seed-0",
+        "maxrl-token-mean_n0-8_seed-0",
+        "sera-seqnorm_n0-8_seed-0",
+        "sera-token-mean_n0-8_seed-0",
+    ]
     assert (root / "base" / "model.safetensors").exists() and (root / "base" / "DONE").exists()
     base = read_jsonl(root / "base" / "metrics.jsonl")[-1]
     assert "eval/pass@1" in base and "eval/best_fixed_answer_rate" in base

@@ -297,7 +297,9 @@ def run(cfg: DictConfig) -> dict:
     stream, val_batches, in_features, num_classes = build_task(cfg, rank, world)
     model = build_model(cfg.model.name, in_features, num_classes, list(cfg.model.hidden)).to(device)
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.index else None)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     total_steps = cfg.train.epochs * stream.steps_per_epoch if cfg.train.epochs else cfg.train.steps
     rl = method.advantage is not None
