@@ -37,6 +37,7 @@ format: install ## ruff autoformat
 
 bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
+	$(PY) -m bench.bench_tables
 	$(PY) -m bench.bench_imagenet
 	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base/DONE),--model runs/maze-cpu/base)
 
@@ -68,9 +69,7 @@ reproduce-math: ## Tables 1, 5-9 (math reasoning; GPUs and model weights) - not 
 	@echo "reproduce-math: the math study is not implemented yet (see README, Status)"; exit 1
 
 tables: install ## rebuild the paper tables that have runs (runs/ -> paper_figures/out/), SCALE=cpu|paper
-	$(PY) -m paper_figures.imagenet table2 --scale $(SCALE)
-	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
-	$(PY) -m paper_figures.maze --scale $(SCALE)
+	$(PY) -m paper_figures.report --scale $(SCALE)
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 

@@ -10,13 +10,12 @@ direction and rough size of the SERA-minus-MaxRL gap are comparable, not the val
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from paper_figures.render import read_reference, write_table
-from paper_figures.runs import Run, differing_keys, group_runs, load_runs, setting
+from paper_figures.runs import Run, group_runs, label_groups, load_runs
 from sera.stats import paired_bootstrap_ci
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -58,22 +57,6 @@ def rl_mean(run: Run, key: str) -> float | None:
     return float(values.mean()) if values.size else None
 
 
-def label_groups(groups: list[list[Run]]) -> list[tuple[str, list[Run]]]:
-    """Row labels; groups that would share a label (other steps, budget, scale) get the differing settings added."""
-    by_label: dict[str, list[list[Run]]] = {}
-    for g in groups:
-        by_label.setdefault(f"{g[0].get('n0')}|{row_label(g)}", []).append(g)
-    out = []
-    for same in by_label.values():
-        keys = differing_keys(same) if len(same) > 1 else []
-        if keys:
-            print(f"rows kept apart, settings differ in {keys}: {[str(g[0].path) for g in same]}", file=sys.stderr)
-        for g in same:
-            extra = ", ".join(f"{k}={dict(setting(g[0])).get(k)}" for k in keys)
-            out.append((row_label(g, extra), g))
-    return out
-
-
 def val_p(group: list[Run]) -> np.ndarray | None:
     """Per-image exact p on the validation set, averaged over the group's seeds (finished runs only)."""
     arrays = [np.load(r.path / "val_p.npy") for r in group if (r.path / "val_p.npy").exists()]
@@ -94,7 +77,7 @@ def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     paper = read_reference("table2_imagenet_passk.csv")
     header = ["n0", "method", "source", "seeds", "steps", *[f"Pass@{k}" for k in KS], "cos(g, CE)", "cos(E g, CE)"]
     rows, bold = [], set()
-    for label, g in label_groups(groups):
+    for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
         name, n0 = g[0].get("method.name"), g[0].get("n0")
         n0_cell = "" if name == "direct_ce" else n0
         passk = {k: mean_over(g, lambda r, k=k: final_eval(r)[k]) for k in KS}
@@ -249,7 +232,7 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     paper = {int(p["m"]): p for p in read_reference("table3_imagenet_p_estimation.csv")}
     header = ["estimator", "m", "seeds", "MAE", "Pearson r", "Pass@1", "Pass@64", "paper MAE", "paper Pearson r"]
     rows = []
-    for label, g in label_groups(groups):
+    for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
         m = g[0].get("method.pilot_m")
         epoch = g[0].get("data.num_train") // g[0].get("train.batch_size")
         mae = mean_over(g, lambda r, e=epoch: last_mean(r, "phat/mae", e))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from paper_figures.render import read_reference, write_table
-from paper_figures.runs import Run, group_runs, load_runs
+from paper_figures.runs import Run, group_runs, label_groups, load_runs
 from sera.passk import pass_at_k
 from sera.stats import paired_bootstrap_ci
 
@@ -72,10 +72,14 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
         group_runs(rl), key=lambda g: (g[0].get("method.aggregation"), list(LABELS).index(g[0].get("method.name")))
     )
     per_maze = {}
-    for g in groups:
+
+    def row_label(g, extra=""):
+        tags = [t for t in (extra, "" if all(r.finished for r in g) else "unfinished") if t]
+        return LABELS[g[0].get("method.name")] + (f" ({', '.join(tags)})" if tags else "")
+
+    for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation")):
         name, norm = g[0].get("method.name"), g[0].get("method.aggregation")
         pk = per_maze_passk(g, ks)
-        label = LABELS[name] + ("" if all(r.finished for r in g) else " (unfinished)")
         rollouts = np.mean([r.series("alloc/rollouts")[1].mean() for r in g if r.series("alloc/rollouts")[1].size])
         rows.append(
             [
@@ -151,7 +155,8 @@ def passk_figure(curves: dict, ks: list[int], stem: Path) -> None:
             ax.plot(ks, 100 * pk.mean(0), marker="o", ms=3, label=label)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="K", ylabel="Pass@K (%)", title="Maze navigation: held-out Pass@K")
-    ax.legend(fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     stem.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(stem.with_suffix(".png"), dpi=120)

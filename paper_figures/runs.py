@@ -120,3 +120,20 @@ def differing_keys(groups: list[list[Run]]) -> list[str]:
     flats = [dict(setting(g[0])) for g in groups]
     keys = set().union(*flats) if flats else set()
     return sorted(k for k in keys if len({repr(f.get(k)) for f in flats}) > 1)
+
+
+def label_groups(groups: list[list[Run]], row_label, key=lambda g: None) -> list[tuple[str, list[Run]]]:
+    """(label, group) rows. Groups that would share a row (same key and label, other settings: steps, budget,
+    scale...) are kept apart, with the differing settings added to their labels and a message on stderr."""
+    by_row: dict[tuple, list[list[Run]]] = {}
+    for g in groups:
+        by_row.setdefault((repr(key(g)), row_label(g)), []).append(g)
+    out = []
+    for same in by_row.values():
+        keys = differing_keys(same) if len(same) > 1 else []
+        if keys:
+            print(f"rows kept apart, settings differ in {keys}: {[str(g[0].path) for g in same]}", file=sys.stderr)
+        for g in same:
+            extra = ", ".join(f"{k}={dict(setting(g[0])).get(k)}" for k in keys)
+            out.append((row_label(g, extra) if extra else row_label(g), g))
+    return out

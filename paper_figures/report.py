@@ -1,0 +1,84 @@
+"""Every paper table that has runs, reproduced beside the paper's numbers, in one REPORT.md. No torch.
+
+Run: python -m paper_figures.report --scale cpu   (make tables). Writes paper_figures/out/REPORT.md plus each table's
+markdown, CSV and LaTeX, and the figures. Each section names the scale, steps and budget its rows were run at; a
+table without runs still appears, with its cells marked "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from paper_figures import imagenet, maze
+from paper_figures import math as math_tables
+from paper_figures.runs import load_runs
+
+OUT = Path(__file__).parent / "out"
+
+
+def settings_line(root: Path) -> str:
+    """Scale, steps and budget (B x n0) of the runs in one folder, as found in their configs."""
+    runs = load_runs(root, report=io.StringIO())
+    if not runs:
+        return f"No runs under `{root}`: every reproduced cell below is 'not run'."
+    seen = sorted(
+        {
+            (r.get("scale_name"), r.get("train.steps"), r.get("train.batch_size"), r.get("n0"))
+            for r in runs
+            if r.get("train.steps") is not None
+        },
+        key=repr,
+    )
+    parts = [f"scale={s}, steps={t}, budget={b}x{n}={b * n if b and n else '?'}" for s, t, b, n in seen]
+    return f"{len(runs)} runs under `{root}`: " + "; ".join(parts)
+
+
+def build(runs_root: Path, scale: str, out_root: Path = OUT, math_scale: str = "paper") -> str:
+    sections = [
+        "# Reproduced tables beside the paper's",
+        "",
+        "Rows marked 'reproduced' come from run directories; 'paper' rows are the paper's numbers "
+        "(paper_figures/reference/). CPU-scale rows are a small stand-in for the paper's setup: compare the "
+        "direction of differences, not values.",
+        "",
+    ]
+    jobs = [
+        (f"imagenet-{scale}", lambda: imagenet.table2(runs_root, scale, out_root)),
+        (f"imagenet-{scale}", lambda: imagenet.table3(runs_root, scale, out_root)),
+        (f"maze-{scale}", lambda: maze.table4(runs_root, scale, out_root)),
+        *[
+            (f"math-{math_scale}", lambda n=n: math_tables.passk_table(n, runs_root, math_scale, out_root))
+            for n in math_tables.PASSK_TABLES
+        ],
+        *[
+            (f"math-{math_scale}", lambda n=n: math_tables.delta_table(n, runs_root, math_scale, out_root))
+            for n in math_tables.DELTA_TABLES
+        ],
+    ]
+    for folder, job in jobs:
+        with redirect_stdout(io.StringIO()):
+            text = job()
+        title, _, body = text.partition("\n")
+        sections += [title.replace("# ", "## ", 1), "", settings_line(runs_root / folder), body, ""]
+    report = "\n".join(sections)
+    out_root.mkdir(parents=True, exist_ok=True)
+    (out_root / "REPORT.md").write_text(report)
+    return report
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="cpu", help="scale of the imagenet and maze runs")
+    parser.add_argument("--math-scale", default="paper")
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    build(args.runs, args.scale, args.out, args.math_scale)
+    print(f"wrote {args.out / 'REPORT.md'}")
+
+
+if __name__ == "__main__":
+    main()
