@@ -126,6 +126,7 @@ def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     verdict = sera_vs_maxrl(groups, scale)
     (out / "table2_verdict.md").write_text(verdict)
     training_figure(groups, out / "training_curves")
+    allocation_figure(groups, out / "allocation")
     text = f"# Table 2 (classification as a policy), scale={scale}\n\n{md}\n\n{verdict}"
     print(text)
     return text
@@ -167,11 +168,7 @@ def sera_vs_maxrl(groups: list[list[Run]], scale: str) -> str:
 
 def training_figure(groups: list[list[Run]], stem: Path) -> None:
     """Pass@1 and gradient cosine to CE over training, one row per n0 (seed means)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     n0s = sorted({g[0].get("n0") for g in groups if g[0].get("method.name") != "direct_ce"})
     if not n0s:
         return
@@ -204,6 +201,70 @@ def last_mean(run: Run, key: str, last: int) -> float | None:
     """Mean of a metric over its last `last` logged values."""
     _, values = run.series(key)
     return float(values[-last:].mean()) if values.size else None
+
+
+def last_snapshot(run: Run) -> dict | None:
+    """The run's last allocation snapshot (alloc_step<N>.npz: p_exact, p_hat, counts of one batch), or None."""
+    files = sorted(run.path.glob("alloc_step*.npz"), key=lambda p: int(p.stem.removeprefix("alloc_step")))
+    return dict(np.load(files[-1])) if files else None
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
+    """SERA's allocation on one batch per n0: n_i against p_hat, and the scale factors c(p, n) at the exact p under
+    uniform n0 (before) and under SERA's n_i (after), images sorted by p."""
+    from sera.allocation import scale_factor
+
+    snaps = {
+        g[0].get("n0"): (s, g[0])
+        for g in groups
+        if g[0].get("method.name") == "sera" and not variant(g[0]) and (s := last_snapshot(g[0])) is not None
+    }
+    if not snaps:
+        return
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(snaps), 2, figsize=(10, 3.2 * len(snaps)), squeeze=False)
+    for row, (n0, (snap, run)) in enumerate(sorted(snaps.items())):
+        p, p_hat, counts = snap["p_exact"], snap["p_hat"], snap["counts"]
+        delta = 0 if run.get("method.keep_cv_on_zero") else 1
+        axes[row, 0].scatter(p_hat, counts, s=6, alpha=0.6)
+        axes[row, 0].axhline(n0, color="gray", ls="--", lw=1, label=f"uniform n0 = {n0}")
+        axes[row, 0].set(xscale="log", xlabel="p_hat (pilot estimate)", ylabel="n_i", title=f"n0 = {n0}: SERA's n_i")
+        axes[row, 0].legend(fontsize=8)
+        order = np.argsort(p)
+        axes[row, 1].plot(scale_factor(p[order], n0, delta), label="uniform (before)", color="C1")
+        axes[row, 1].plot(scale_factor(p[order], counts[order], delta), label="SERA (after)", color="C2")
+        axes[row, 1].set(xlabel="images sorted by exact p", ylabel="c(p, n)", title=f"n0 = {n0}: scale factors")
+        axes[row, 1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    fig.savefig(stem.with_suffix(".pdf"))
+    plt.close(fig)
+
+
+def phat_figure(groups: list[list[Run]], stem: Path) -> None:
+    """p_hat against the exact p on one batch, one panel per pilot size m (m = 0: history)."""
+    snaps = [(g[0].get("method.pilot_m"), s) for g in groups if (s := last_snapshot(g[0])) is not None]
+    if not snaps:
+        return
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(snaps), figsize=(3 * len(snaps), 3), squeeze=False)
+    for ax, (m, snap) in zip(axes[0], snaps, strict=True):
+        ax.scatter(snap["p_exact"], snap["p_hat"], s=5, alpha=0.5)
+        ax.plot([0, 1], [0, 1], color="gray", lw=1)
+        ax.set(xlabel="exact p", ylabel="p_hat", title="history (m = 0)" if m == 0 else f"pilots m = {m}")
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    fig.savefig(stem.with_suffix(".pdf"))
+    plt.close(fig)
 
 
 def pooled_pearson(runs: list[Run], last_steps: int) -> float | None:
@@ -253,6 +314,7 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
         if "unfinished" in label:
             rows[-1][0] += " (unfinished)"
     md = write_table(out_root / f"imagenet-{scale}" / "table3", header, rows, digits=4)
+    phat_figure(groups, out_root / f"imagenet-{scale}" / "phat_vs_p")
     text = f"# Table 3 (p_hat estimation, n0 = 16, last epoch of batches), scale={scale}\n\n{md}"
     print(text)
     return text

@@ -59,6 +59,9 @@ def make_run(
     (path / "metrics.jsonl").write_text("\n".join([*lines, *extra_lines]) + "\n")
     if val_p is not None:
         np.save(path / "val_p.npy", np.asarray(val_p))
+    if method == "sera":  # one batch's allocation snapshot, for the allocation and p_hat figures
+        p = np.linspace(0.01, 0.9, 10)
+        np.savez(path / "alloc_step4.npz", p_exact=p, p_hat=np.clip(p, 1 / 16, 15 / 16), counts=np.arange(25, 5, -2))
     if done:
         (path / "DONE").write_text("{}\n")
     return path
@@ -85,6 +88,7 @@ def test_table2_cells_seed_means_and_paper_rows(tmp_path):
     tex = (tmp_path / "out" / "imagenet-cpu" / "table2.tex").read_text()
     assert "\\toprule" in tex and "\\textbf{" in tex  # the better of the MaxRL/SERA pair is bold
     assert (tmp_path / "out" / "imagenet-cpu" / "training_curves.png").exists()
+    assert (tmp_path / "out" / "imagenet-cpu" / "allocation.pdf").exists()
 
 
 def test_table2_verdict_uses_question_paired_bootstrap(tmp_path):
@@ -133,6 +137,7 @@ def test_table3_pools_the_last_epoch(tmp_path):
     assert rows[1]["paper MAE"] == "n/a" and rows[0]["paper MAE"] == "0.0386"  # the paper reports m = 0, 8 only
     # pooled moments: n = 8, sx = sy = 4, sxx = syy = sxy = 8 -> r = 1
     assert float(rows[0]["Pearson r"]) == pytest.approx(1.0)
+    assert (tmp_path / "out" / "imagenet-cpu" / "phat_vs_p.png").exists()
 
 
 def test_load_runs_ignores_sweep_bookkeeping(tmp_path):

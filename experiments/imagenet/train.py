@@ -380,6 +380,9 @@ def run(cfg: DictConfig) -> dict:
             final, p_val = evaluate(model, val_batches, cfg.eval.ks, device)
             metrics.update(final)
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
+            if rl and step >= warm:  # the allocation picture: this step's p_hat, exact p and n_i per image
+                np.savez(run_dir.path / f"alloc_step{step + 1}.npz", p_exact=out.p_exact, counts=out.counts,
+                         p_hat=out.p_hat if out.p_hat is not None else np.full(len(out.counts), np.nan))
         if run_dir is not None:
             run_dir.log(step, metrics)
             if (step + 1) % cfg.run.checkpoint_every == 0 and not is_last:
