@@ -49,3 +49,16 @@ def test_rundir_refuses_finished_and_different_and_resumes(tmp_path):
     assert json.loads((tmp_path / "r" / "DONE").read_text()) == {"final": 1}
     with pytest.raises(RunExistsError, match="finished run"):
         RunDir(tmp_path / "r", cfg)
+
+
+def test_wandb_mirror_offline(tmp_path, monkeypatch):
+    """With wandb enabled (offline), every JSONL record is mirrored into a local wandb run; disabled, nothing is."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = RunDir(tmp_path / "w", {"method": "sera"}, {"enabled": True, "project": "sera-test", "mode": "offline"})
+    run.log(0, {"train/reward": 0.5})
+    run.finish()
+    assert list((tmp_path / "w" / "wandb").glob("offline-run-*"))
+    quiet = RunDir(tmp_path / "q", {"method": "sera"}, {"enabled": False})
+    quiet.log(0, {"train/reward": 0.5})
+    assert not (tmp_path / "q" / "wandb").exists()
