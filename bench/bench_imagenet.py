@@ -18,7 +18,7 @@ from experiments.imagenet import train
 from experiments.imagenet.data import build_digits1000
 from experiments.imagenet.model import build_model
 from sera.estimation import HistoricalEstimator
-from sera.methods import get_method
+from sera.methods import allocation_bounds, get_method
 from sera.threads import set_torch_threads
 
 REPEATS = 60
@@ -48,7 +48,7 @@ def main() -> None:
         model = build_model("mlp", 192, 1000, [256, 256])
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         history, gen = HistoricalEstimator(len(data)), torch.Generator().manual_seed(0)
-        alloc = train.resolved_alloc(cfg)
+        alloc = allocation_bounds(cfg)
 
         def step(method=method, model=model, opt=opt, history=history, gen=gen, cfg=cfg, alloc=alloc):
             logp = F.log_softmax(model(x), -1)

@@ -23,18 +23,9 @@ from sera.advantages import ADVANTAGES, multiplicity_weights
 from sera.allocation import dars_hw_extra, scale_factor, uniform, waterline
 from sera.estimation import HistoricalEstimator, pilot_p_hat
 from sera.losses import pg_loss
-from sera.methods import Method
+from sera.methods import Method, advantage_kwargs, allocation_bounds
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, response_logprobs
-
-
-def alloc_params(cfg) -> tuple[int, int, int]:
-    """(n_min, n_max, delta) with DESIGN defaults: max(2, m), 8 n0, delta 0 iff the control variate is kept."""
-    m = cfg.method.pilot_m if cfg.method.estimator == "pilot" else 0
-    n_min = cfg.alloc.n_min if cfg.alloc.n_min is not None else max(2, m)
-    n_max = cfg.alloc.n_max if cfg.alloc.n_max is not None else 8 * cfg.n0
-    delta = cfg.alloc.delta if cfg.alloc.delta is not None else (0 if cfg.method.keep_cv_on_zero else 1)
-    return n_min, n_max, delta
 
 
 def validate_method(cfg, method: Method, repeated_prompts: bool) -> None:
@@ -54,7 +45,7 @@ def validate_method(cfg, method: Method, repeated_prompts: bool) -> None:
         raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({cfg.n0} < {mc.pkpo_k})")
     if mc.aggregation not in ("token-mean", "seqnorm", "seq-mean-token-mean"):
         raise ValueError(f"unknown method.aggregation {mc.aggregation!r}")
-    n_min, n_max, _ = alloc_params(cfg)
+    n_min, n_max, _ = allocation_bounds(cfg)
     if n_min < 2 or not n_min <= cfg.n0 <= n_max:
         raise ValueError(
             f"infeasible budget: {cfg.train.batch_size} x n0={cfg.n0} rollouts with {n_min} <= n_i <= {n_max} "
@@ -65,7 +56,7 @@ def validate_method(cfg, method: Method, repeated_prompts: bool) -> None:
 def collect(cfg, method: Method, task, engine, ids, prompts, history, generator):
     """p_hat, allocation and the step's rollouts (grouped by prompt, pilots first). Returns (rollouts, info)."""
     mc, batch = cfg.method, len(prompts)
-    n_min, n_max, delta = alloc_params(cfg)
+    n_min, n_max, delta = allocation_bounds(cfg)
     gen = engine.generate
     p_hat = tau = None
     parts = []
@@ -137,8 +128,7 @@ def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
     )
     generator = torch.Generator().manual_seed(cfg.seed)
     history = HistoricalEstimator(task.num_prompts, cfg.method.p_lo, cfg.method.p_hi) if task.num_prompts else None
-    adv_kwargs = {"maxrl": {"keep_cv_on_zero": cfg.method.keep_cv_on_zero}, "pkpo": {"k": cfg.method.pkpo_k}}
-    adv_kwargs = adv_kwargs.get(method.advantage, {})
+    adv_kwargs = advantage_kwargs(method, cfg.method)
     start = 0
     state = run_dir.load_checkpoint()
     if state is not None:

@@ -38,3 +38,22 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def allocation_bounds(cfg) -> tuple[int, int, int]:
+    """(n_min, n_max, delta) of a run config, DESIGN defaults filled in (section 2): n_min = max(2, m) with m pilots,
+    n_max = 8 n0, delta = 0 when MaxRL keeps its control variate on all-fail groups, else 1."""
+    m = cfg.method.pilot_m if cfg.method.estimator == "pilot" else 0
+    n_min = cfg.alloc.n_min if cfg.alloc.n_min is not None else max(2, m)
+    n_max = cfg.alloc.n_max if cfg.alloc.n_max is not None else 8 * cfg.n0
+    delta = cfg.alloc.delta if cfg.alloc.delta is not None else (0 if cfg.method.keep_cv_on_zero else 1)
+    return n_min, n_max, delta
+
+
+def advantage_kwargs(method: Method, method_cfg) -> dict:
+    """Keyword arguments of the method's advantage function taken from its config (MaxRL's variant, PKPO's k)."""
+    if method.advantage == "maxrl":
+        return {"keep_cv_on_zero": method_cfg.keep_cv_on_zero}
+    if method.advantage == "pkpo":
+        return {"k": method_cfg.pkpo_k}
+    return {}

@@ -14,12 +14,30 @@ from sera.passk import pass_at_k
 from sera.stats import paired_bootstrap_ci
 
 
-def math_run(root, name, method, correct, n=512, model="smollm2-360m-instruct", dataset="gsm8k-platinum",
-             aggregation="token-mean", seed=0, steps=2000, experiment="math", done=True):
+def math_run(
+    root,
+    name,
+    method,
+    correct,
+    n=512,
+    model="smollm2-360m-instruct",
+    dataset="gsm8k-platinum",
+    aggregation="token-mean",
+    seed=0,
+    steps=2000,
+    experiment="math",
+    done=True,
+):
     path = root / "math-paper" / name
     path.mkdir(parents=True)
-    config = {"experiment": experiment, "seed": seed, "n0": 16, "model": {"name": model},
-              "method": {"name": method, "aggregation": aggregation}, "train": {"steps": steps, "batch_size": 32}}
+    config = {
+        "experiment": experiment,
+        "seed": seed,
+        "n0": 16,
+        "model": {"name": model},
+        "method": {"name": method, "aggregation": aggregation},
+        "train": {"steps": steps, "batch_size": 32},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     (path / "metrics.jsonl").write_text(json.dumps({"step": steps}) + "\n")
     record = {"ids": list(range(len(correct))), "n": n, "correct": list(map(int, correct))}
@@ -92,13 +110,20 @@ def test_table6_keeps_other_settings_apart_and_samples_cap_k(tmp_path, capsys):
 def maze_run(root, name, experiment, method, correct, aggregation="token-mean", n=64):
     path = root / "maze-cpu" / name
     path.mkdir(parents=True)
-    config = {"experiment": experiment, "seed": 0, "n0": 16, "method": {"name": method, "aggregation": aggregation},
-              "train": {"steps": 100}, "sft": {"steps": 240}}
+    config = {
+        "experiment": experiment,
+        "seed": 0,
+        "n0": 16,
+        "method": {"name": method, "aggregation": aggregation},
+        "train": {"steps": 100},
+        "sft": {"steps": 240},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     metrics = {"step": 99, "alloc/rollouts": 512, "eval/distinct_answers": 3.0, "eval/best_fixed_answer_rate": 0.05}
     (path / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
-    (path / "eval_step100.json").write_text(json.dumps({"ids": list(range(len(correct))), "n": n,
-                                                        "correct": list(correct)}))
+    (path / "eval_step100.json").write_text(
+        json.dumps({"ids": list(range(len(correct))), "n": n, "correct": list(correct)})
+    )
     (path / "DONE").write_text("{}")
 
 

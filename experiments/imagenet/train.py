@@ -42,7 +42,7 @@ from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
 from sera.allocation import scale_factor, uniform, waterline
 from sera.estimation import HistoricalEstimator, pilot_p_hat
 from sera.losses import pg_loss
-from sera.methods import Method, get_method
+from sera.methods import Method, advantage_kwargs, allocation_bounds, get_method
 from sera.runlog import RunDir, finished_summary
 from sera.threads import set_torch_threads
 
@@ -53,15 +53,6 @@ ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
 # ---------------------------------------------------------------------------------------------------------------
 # Configuration checks: every cross-field rule, before any work starts.
 # ---------------------------------------------------------------------------------------------------------------
-def resolved_alloc(cfg) -> tuple[int, int, int]:
-    """(n_min, n_max, delta) with the DESIGN defaults filled in: max(2, m), 8 n0, and delta from the estimator."""
-    m = cfg.method.pilot_m if cfg.method.estimator == "pilot" else 0
-    n_min = cfg.alloc.n_min if cfg.alloc.n_min is not None else max(2, m)
-    n_max = cfg.alloc.n_max if cfg.alloc.n_max is not None else 8 * cfg.n0
-    delta = cfg.alloc.delta if cfg.alloc.delta is not None else (0 if cfg.method.keep_cv_on_zero else 1)
-    return n_min, n_max, delta
-
-
 def validate(cfg) -> Method:
     """Fail with a clear message on a malformed or infeasible config. Returns the registry's method."""
     method = get_method(cfg.method.name)
@@ -80,7 +71,7 @@ def validate(cfg) -> Method:
         raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {mc.p_lo}, {mc.p_hi}")
     if method.advantage == "pkpo" and cfg.n0 < mc.pkpo_k:
         raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({cfg.n0} < {mc.pkpo_k})")
-    n_min, n_max, delta = resolved_alloc(cfg)
+    n_min, n_max, delta = allocation_bounds(cfg)
     if method.advantage is not None:
         if n_min < 2:
             raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
@@ -282,7 +273,7 @@ def build_task(cfg, rank: int, world: int):
 def run(cfg: DictConfig) -> dict:
     """Train one run to completion (or resume it) and return the final evaluation."""
     method = validate(cfg)
-    alloc_params = resolved_alloc(cfg)
+    alloc_params = allocation_bounds(cfg)
     rank, world, device = setup_distributed(cfg)
     threads = set_torch_threads(cfg.threads)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -336,9 +327,7 @@ def run(cfg: DictConfig) -> dict:
         unit="step",
         mininterval=0.1 if sys.stderr.isatty() else 5.0,
     )
-    adv_kwargs = {"keep_cv_on_zero": cfg.method.keep_cv_on_zero} if method.advantage == "maxrl" else {}
-    if method.advantage == "pkpo":
-        adv_kwargs = {"k": cfg.method.pkpo_k}
+    adv_kwargs = advantage_kwargs(method, cfg.method)
     final = {}
     for step in bar:
         t0 = time.perf_counter()
@@ -381,8 +370,12 @@ def run(cfg: DictConfig) -> dict:
             metrics.update(final)
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
             if rl and step >= warm:  # the allocation picture: this step's p_hat, exact p and n_i per image
-                np.savez(run_dir.path / f"alloc_step{step + 1}.npz", p_exact=out.p_exact, counts=out.counts,
-                         p_hat=out.p_hat if out.p_hat is not None else np.full(len(out.counts), np.nan))
+                np.savez(
+                    run_dir.path / f"alloc_step{step + 1}.npz",
+                    p_exact=out.p_exact,
+                    counts=out.counts,
+                    p_hat=out.p_hat if out.p_hat is not None else np.full(len(out.counts), np.nan),
+                )
         if run_dir is not None:
             run_dir.log(step, metrics)
             if (step + 1) % cfg.run.checkpoint_every == 0 and not is_last:
