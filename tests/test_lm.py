@@ -263,3 +263,27 @@ def test_maze_bad_input(tmp_path):
             else:
                 with pytest.raises((ValueError, FileNotFoundError), match=match):
                     validate(cfg)
+
+
+def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch):
+    cfg = loop_cfg(tmp_path, "sera", "pilot", 2, steps=4)
+
+    def run(root):
+        model = tiny_model()
+        run_dir = RunDir(root, {"method": "sera"})
+        train(cfg, get_method("sera"), ToyTask(), model, HFEngine(model, EOS, PAD), run_dir, "cpu")
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run_dir.metrics_file)]
+
+    reference = run(tmp_path / "a")
+    original = RunDir.log
+
+    def crash_at_step_3(self, step, metrics):
+        if step == 3:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, step, metrics)
+
+    monkeypatch.setattr(RunDir, "log", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b")
+    monkeypatch.setattr(RunDir, "log", original)
+    assert run(tmp_path / "b") == reference  # resumed from the checkpoint written after step 1
