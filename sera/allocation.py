@@ -90,32 +90,26 @@ def continuous_waterline(p_hat, budget: int, n_min: int, n_max: int, delta: floa
 def waterline(p_hat, budget: int, n_min: int, n_max: int, delta: float = 1, return_tau: bool = False):
     """SERA's integer allocation: maximise min_i c(p_hat_i, n_i) s.t. sum n_i = budget, n_min <= n_i <= n_max.
 
-    Continuous waterline (`continuous_waterline`), then floor and a greedy that gives one rollout at a time to the
-    prompt with the lowest c(p_hat_i, n_i) among those below n_max until the sum is exactly the budget; this greedy
-    is optimal for max-min of separable increasing functions. The floors are taken just below the continuous values
-    (prompts clipped at n_max stay there), so they never overshoot the budget. Shapes: p_hat (B,) in (0, 1) ->
-    int64 (B,). With return_tau, also returns the waterline level tau = 1 - exp(-lam). DESIGN section 2.
+    Continuous waterline (`continuous_waterline`), floors, and a greedy that gives one rollout at a time to the
+    prompt with the lowest c(p_hat_i, n_i) below n_max until the sum is the budget. Flooring can leave a prompt
+    above every optimum, so a second greedy restarts from the smallest allocation reaching the first pass's max-min
+    level (a lower bound of every optimum); the greedy from a lower bound is optimal for max-min of separable
+    increasing functions (tests compare with brute force). Shapes: p_hat (B,) in (0, 1) -> int64 (B,). With
+    return_tau, also returns the continuous waterline level tau = 1 - exp(-lam). DESIGN section 2.
     Raises ValueError when p_hat is outside (0, 1) or the budget is infeasible.
     """
     p_hat = np.asarray(p_hat, dtype=np.float64)
     n_cont, lam = continuous_waterline(p_hat, budget, n_min, n_max, delta)
-    n = np.where(n_cont >= n_max, n_max, np.maximum(np.floor(n_cont - _FLOOR_EPS), n_min)).astype(np.int64)
-    deficit = int(budget - n.sum())
     a = -np.log1p(-p_hat)  # c(p, n) = 1 - exp(-a (n - delta)): rank by a (n - delta), which does not saturate at 1
-    while deficit > 0:
-        # Batched greedy: the k lowest scale factors v_1 <= ... <= v_k (k = rollouts left) are handed out in one
-        # round up to the first L with v_L > min(u_1..u_L), u_j = the value after the +1: exactly the
-        # one-at-a-time greedy's first L picks. Usually all k are taken in the first round.
-        cand = np.flatnonzero(n < n_max)
-        v = a[cand] * np.maximum(n[cand] - delta, 0)
-        k = min(deficit, cand.size)
-        low = np.argpartition(v, k - 1)[:k] if k < cand.size else np.arange(cand.size)
-        order = low[np.argsort(v[low], kind="stable")]
-        after = np.minimum.accumulate(v[order] + a[cand[order]])
-        ok = v[order] <= after
-        take = k if ok.all() else max(1, int(np.argmin(ok)))
-        n[cand[order[:take]]] += 1
-        deficit -= take
+    # A feasible start: floors of the continuous solution (prompts clipped at n_max stay there), then the greedy.
+    floors = np.where(n_cont >= n_max, n_max, np.maximum(np.floor(n_cont - _FLOOR_EPS), n_min)).astype(np.int64)
+    first = _greedy_fill(a, floors, budget, n_max, delta)
+    # Floors can sit above the optimum for some prompts, so restart the greedy from the smallest allocation that
+    # reaches the first pass's max-min level L0: every optimal allocation is at least that large, and the greedy
+    # from any such lower bound is optimal (it continues the greedy from n_min).
+    level = float(np.min(a * np.maximum(first - delta, 0)))
+    start = np.clip(np.ceil(delta + level / a - 1e-7), n_min, n_max).astype(np.int64)
+    n = _greedy_fill(a, start, budget, n_max, delta)
     if return_tau:
         return n, float(-np.expm1(-lam))
     return n
@@ -135,3 +129,26 @@ def dars_hw_extra(accuracy, n0: int, n_max: int) -> np.ndarray:
     a = np.where(a == 0, 1.0 / (2 * n0), a)
     extra = np.ceil(n0 / (2 * a) - n0 - _FLOOR_EPS)
     return np.clip(extra, 0, n_max - n0).astype(np.int64)
+
+
+def _greedy_fill(a: np.ndarray, start: np.ndarray, budget: int, n_max: int, delta: float) -> np.ndarray:
+    """From `start` (sum <= budget), give one rollout at a time to the prompt with the lowest a (n - delta) (the
+    lowest scale factor) among those below n_max, until the sum is the budget.
+
+    Batched: the k lowest values v_1 <= ... <= v_k (k = rollouts left) are handed out in one round up to the first L
+    with v_L > min(u_1..u_L), u_j = the value after the +1: exactly the one-at-a-time greedy's first L picks.
+    """
+    n = start.copy()
+    deficit = int(budget - n.sum())
+    while deficit > 0:
+        cand = np.flatnonzero(n < n_max)
+        v = a[cand] * np.maximum(n[cand] - delta, 0)
+        k = min(deficit, cand.size)
+        low = np.argpartition(v, k - 1)[:k] if k < cand.size else np.arange(cand.size)
+        order = low[np.argsort(v[low], kind="stable")]
+        after = np.minimum.accumulate(v[order] + a[cand[order]])
+        ok = v[order] <= after
+        take = k if ok.all() else max(1, int(np.argmin(ok)))
+        n[cand[order[:take]]] += 1
+        deficit -= take
+    return n

@@ -32,15 +32,26 @@ def test_uniform():
 @pytest.mark.parametrize("delta", [0, 1])
 def test_waterline_matches_brute_force(delta):
     rng = np.random.default_rng(0)
-    for _ in range(60):
+    for _ in range(300):
         num = int(rng.integers(1, 5))
-        n_min, n_max = int(rng.integers(max(2, delta), 4)), int(rng.integers(4, 9))
+        n_min, n_max = int(rng.integers(max(2, delta), 4)), int(rng.integers(4, 11))
         budget = int(rng.integers(num * n_min, num * n_max + 1))
-        p_hat = rng.uniform(0.02, 0.98, num)
+        p_hat = rng.uniform(0.02, 0.98, num) if rng.random() < 0.5 else rng.uniform(0.5, 0.99, num)
         n = waterline(p_hat, budget, n_min, n_max, delta)
         assert n.sum() == budget
         got = scale_factor(p_hat, n, delta).min()
         assert got == pytest.approx(brute_force_maxmin(p_hat, budget, n_min, n_max, delta), abs=1e-12)
+
+
+def test_waterline_reviewed_counterexamples_are_optimal():
+    """Cases where flooring the continuous solution overshoots the optimum for one prompt (found in review)."""
+    for p_hat, budget, n_min, n_max, delta in [
+        ([0.971, 0.573, 0.974, 0.830], 16, 2, 9, 1),
+        ([0.132, 0.614, 0.276, 0.387], 16, 2, 10, 0),
+    ]:
+        n = waterline(np.array(p_hat), budget, n_min, n_max, delta)
+        best = brute_force_maxmin(p_hat, budget, n_min, n_max, delta)
+        assert scale_factor(np.array(p_hat), n, delta).min() == pytest.approx(best, abs=1e-12)
 
 
 def test_waterline_equalises_scale_on_the_line():
