@@ -39,7 +39,7 @@ bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
 	$(PY) -m bench.bench_tables
 	$(PY) -m bench.bench_imagenet
-	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base/DONE),--model runs/maze-cpu/base)
+	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
 
 SEEDS ?= 0,1,2
 IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip

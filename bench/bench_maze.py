@@ -1,7 +1,7 @@
 """Rollout throughput of the HF engine: a SERA allocation versus a uniform one at the same budget, and padding waste.
 
-Run: python -m bench.bench_maze [--model runs/maze-cpu/base]. 32 held-out 11x11 mazes, budget 32 x 16 = 512 rollouts;
-the SERA counts come from the waterline on p_hat drawn from Beta(0.5, 2) (clipped to [1/16, 15/16]). Prints tokens/s
+Run: python -m bench.bench_maze [--model runs/maze-cpu/base_seed-0]. 32 held-out 11x11 mazes, budget 32 x 16 = 512
+rollouts; the SERA counts come from the waterline on p_hat drawn from Beta(0.5, 2) (clipped to [1/16, 15/16]). Prints tokens/s
 for each and their ratio (target: SERA / uniform >= 0.9), and the share of padded slots in the returned batch.
 Without --model a randomly initialised maze-1m is used (it rarely stops early, so responses run to the cap).
 """
@@ -35,7 +35,7 @@ def throughput(engine, prompts, counts, repeats: int = 2) -> tuple[float, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a saved maze checkpoint (e.g. runs/maze-cpu/base)")
+    parser.add_argument("--model", default=None, help="a saved maze checkpoint (e.g. runs/maze-cpu/base_seed-0)")
     args = parser.parse_args()
     threads = set_torch_threads("auto")
     torch.manual_seed(0)

@@ -57,10 +57,10 @@ def rl_mean(run: Run, key: str) -> float | None:
     return float(values.mean()) if values.size else None
 
 
-def val_p(group: list[Run]) -> np.ndarray | None:
-    """Per-image exact p on the validation set, averaged over the group's seeds (finished runs only)."""
+def val_passk(group: list[Run], k: int) -> np.ndarray | None:
+    """Per-image Pass@k = 1 - (1 - p)^k on the validation set, computed per seed and then averaged over seeds."""
     arrays = [np.load(r.path / "val_p.npy") for r in group if (r.path / "val_p.npy").exists()]
-    return np.mean(arrays, axis=0) if arrays else None
+    return np.mean([1 - (1 - p) ** k for p in arrays], axis=0) if arrays else None
 
 
 def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
@@ -147,13 +147,13 @@ def sera_vs_maxrl(groups: list[list[Run]], scale: str) -> str:
             lines.append(f"| {n0} | not run | | | | |")
             continue
         s, m = pick["sera"], pick["maxrl"]
-        ps, pm = val_p(s), val_p(m)
         cells = []
         for k in (1, 1024):
-            if ps is None or pm is None:
+            a, b = val_passk(s, k), val_passk(m, k)
+            if a is None or b is None:
                 cells.append("not run")
                 continue
-            ci = paired_bootstrap_ci(1 - (1 - ps) ** k, 1 - (1 - pm) ** k)
+            ci = paired_bootstrap_ci(a, b)
             cells.append(f"{100 * ci.delta:+.2f} [{100 * ci.low:+.2f}, {100 * ci.high:+.2f}]")
         dcos = [
             f"{a - b:+.3f}"
@@ -295,7 +295,8 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     rows = []
     for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
         m = g[0].get("method.pilot_m")
-        epoch = g[0].get("data.num_train") // g[0].get("train.batch_size")
+        # an epoch of batches as the run logged it (falls back to the digits1000 count for older runs)
+        epoch = int(g[0].last("train/steps_per_epoch") or g[0].get("data.num_train") // g[0].get("train.batch_size"))
         mae = mean_over(g, lambda r, e=epoch: last_mean(r, "phat/mae", e))
         ref = paper.get(m, {})
         rows.append(

@@ -77,15 +77,25 @@ def final_record(run: Run, dataset: str) -> dict | None:
 
 
 def per_question(group: list[Run], dataset: str, ks: list[int]) -> np.ndarray | None:
-    """(questions, K) Pass@K per question, averaged over the group's seeds; None when no run evaluated it."""
+    """(questions, K) Pass@K per question in sorted question-id order, averaged over the group's seeds; None when no
+    run evaluated it. Sorting by id makes rows of two methods line up question by question for the paired bootstrap."""
     records = [r for r in (final_record(run, dataset) for run in group) if r is not None]
     if not records:
         return None
+    records = [
+        {**r, "ids": sorted(r["ids"]), "correct": [c for _, c in sorted(zip(r["ids"], r["correct"]))]} for r in records
+    ]
     if len({tuple(r["ids"]) for r in records}) > 1:
         raise ValueError(f"seeds of {group[0].path.parent} evaluated different questions on {dataset}")
     usable = [k for k in ks if k <= min(r["n"] for r in records)]
     values = np.mean([pass_at_k(r["n"], np.asarray(r["correct"]), usable) for r in records], axis=0)
     return np.pad(values, ((0, 0), (0, len(ks) - len(usable))), constant_values=np.nan)
+
+
+def question_ids(group: list[Run], dataset: str) -> list:
+    """Sorted question ids of the group's evaluation on `dataset`."""
+    record = next(r for r in (final_record(run, dataset) for run in group) if r is not None)
+    return sorted(record["ids"])
 
 
 def model_runs(runs_root: Path, scale: str, model: str) -> tuple[list[Run], list[list[Run]]]:
@@ -182,6 +192,12 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
             pair = by_norm.get(norm, {})
             a = per_question(pair["sera"], dataset, ks) if "sera" in pair else None
             b = per_question(pair["maxrl"], dataset, ks) if "maxrl" in pair else None
+            if (
+                a is not None
+                and b is not None
+                and question_ids(pair["sera"], dataset) != question_ids(pair["maxrl"], dataset)
+            ):
+                raise ValueError(f"SERA and MaxRL ({norm}) evaluated different {shown} questions; refusing to pair")
             ci = paired_bootstrap_ci(a, b, num_resamples=num_resamples) if a is not None and b is not None else None
             for col, k in enumerate(ks):
                 ref = paper_delta(reference, shown, k)

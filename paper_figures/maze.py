@@ -42,7 +42,7 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     runs = load_runs(runs_root / f"maze-{scale}")
     base = [r for r in runs if r.get("experiment") == "maze-base"]
     rl = [r for r in runs if r.get("experiment") == "maze"]
-    samples = max([c["n"] for c in (final_counts(r) for r in runs) if c] or [max(PAPER_KS)])
+    samples = min([c["n"] for c in (final_counts(r) for r in runs) if c] or [max(PAPER_KS)])  # k <= every run's n
     ks = [k for k in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048] if k <= samples]
     header = [
         "normalization",
@@ -116,6 +116,8 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     ]
     for norm in ("token-mean", "seqnorm"):
         a, b = per_maze.get(("sera", norm)), per_maze.get(("maxrl", norm))
+        if a is not None and b is not None and a.shape != b.shape:
+            raise ValueError(f"SERA and MaxRL ({norm}) were evaluated on different held-out mazes; refusing to pair")
         if a is None or b is None:
             lines.append(f"| {norm} | " + " | ".join(["not run"] * len(ks)) + " |")
             continue

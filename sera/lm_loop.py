@@ -41,11 +41,15 @@ def validate_method(cfg, method: Method, repeated_prompts: bool) -> None:
         raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
     if mc.estimator == "pilot" and mc.pilot_m < 1:
         raise ValueError("method.estimator=pilot needs method.pilot_m >= 1")
+    if method.allocator in ("dars_hw", "uniform") and mc.estimator != "none":
+        raise ValueError(f"{method.name} allocates without p_hat: set method.estimator=none")
     if method.advantage == "pkpo" and cfg.n0 < mc.pkpo_k:
         raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({cfg.n0} < {mc.pkpo_k})")
     if mc.aggregation not in ("token-mean", "seqnorm", "seq-mean-token-mean"):
         raise ValueError(f"unknown method.aggregation {mc.aggregation!r}")
     n_min, n_max, _ = allocation_bounds(cfg)
+    if mc.estimator == "pilot" and n_min < mc.pilot_m:
+        raise ValueError(f"alloc.n_min={n_min} is below method.pilot_m={mc.pilot_m}: pilots are part of every group")
     if n_min < 2 or not n_min <= cfg.n0 <= n_max:
         raise ValueError(
             f"infeasible budget: {cfg.train.batch_size} x n0={cfg.n0} rollouts with {n_min} <= n_i <= {n_max} "
@@ -138,8 +142,8 @@ def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
         if history is not None:
             history.load_state_dict(state["history"])
         start = state["step"]
-        run_dir.rewind(start - 1)
         engine.sync_weights(model)
+    run_dir.rewind(start - 1)  # drop records of work lost with an interruption (all of them without a checkpoint)
     final = {}
     bar = tqdm(
         range(start, cfg.train.steps),
@@ -182,7 +186,7 @@ def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if live.numel():
             sub = rollouts.select(live)
-            logp = response_logprobs(model, prompts, sub, task.pad_id)
+            logp = response_logprobs(model, prompts, sub, task.pad_id, cfg.temperature)
             loss = pg_loss(
                 logp,
                 sub.mask.to(device),

@@ -111,8 +111,8 @@ class HFEngine:
         return Rollouts(rows, tokens, mask, logprobs)
 
 
-def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int) -> torch.Tensor:
-    """Per-token log-probs (N, T) of the rollouts' responses under `model`, with gradients.
+def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int, temperature: float = 1.0):
+    """Per-token log-probs (N, T) of the rollouts' responses under `model` at the sampling temperature, with gradients.
 
     The prompts the rollouts belong to are run once; their KV cache is repeated per rollout (gradients flow back
     through it) and the responses are run on top. Do not combine with gradient checkpointing.
@@ -134,7 +134,8 @@ def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_i
         use_cache=True,
     )
     logits = torch.cat([out.logits[row_of, -1:], resp.logits[:, :-1]], dim=1)  # logits predicting each response token
-    return torch.log_softmax(logits.float(), dim=-1).gather(2, rollouts.tokens.to(device)[..., None])[..., 0]
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(2, rollouts.tokens.to(device)[..., None])[..., 0]
 
 
 class VLLMEngine:
@@ -167,6 +168,7 @@ class VLLMEngine:
             worker.model_runner.model.load_weights(weights=state.items())
 
         self.llm.collective_rpc(load)
+        self.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
 
     def generate(self, prompts: list[list[int]], counts, max_new_tokens: int, generator: torch.Generator) -> Rollouts:
         from vllm import SamplingParams

@@ -102,6 +102,7 @@ def loop_cfg(tmp_path, method="sera", estimator="pilot", m=2, aggregation="token
             "n0": 8,
             "max_new_tokens": 4,
             "progress": False,
+            "temperature": 1.0,
             "method": {
                 "name": method,
                 "estimator": estimator,
@@ -232,8 +233,8 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
         "sera-seqnorm_n0-8_seed-0",
         "sera-token-mean_n0-8_seed-0",
     ]
-    assert (root / "base" / "model.safetensors").exists() and (root / "base" / "DONE").exists()
-    base = read_jsonl(root / "base" / "metrics.jsonl")[-1]
+    assert (root / "base_seed-0" / "model.safetensors").exists() and (root / "base_seed-0" / "DONE").exists()
+    base = read_jsonl(root / "base_seed-0" / "metrics.jsonl")[-1]
     assert "eval/pass@1" in base and "eval/best_fixed_answer_rate" in base
     for run in root.glob("*_seed-0"):
         records = read_jsonl(run / "metrics.jsonl")
@@ -255,6 +256,8 @@ def test_maze_bad_input(tmp_path):
             (["task.grid_size=12"], "odd"),
             (["model.path=/nonexistent"], "does not exist"),
             (["method=maxrl", "method.aggregation=sum"], "aggregation"),
+            (["method=dars_hw", "method.estimator=pilot", "method.pilot_m=4"], "without p_hat"),
+            (["method=sera", "alloc.n_min=4"], "below method.pilot_m"),
             (["scale=maze/smoke", "method=sera", "method.pilot_m=16"], "infeasible budget"),
         ]:
             cfg = compose("maze", overrides=overrides)

@@ -149,3 +149,23 @@ def test_report_has_every_table_and_says_what_was_not_run(tmp_path):
         assert f"## {title}" in text
     assert "No runs under" in text and "1 runs under" in text and "not run" in text
     assert (tmp_path / "out" / "REPORT.md").read_text() == text
+
+
+def test_delta_refuses_to_pair_different_questions(tmp_path):
+    math_run(tmp_path, "maxrl", "maxrl", [1, 2, 3])
+    path = math_run(tmp_path, "sera", "sera", [1, 2, 3])
+    record = json.loads((path / "eval_step2000_gsm8k-platinum.json").read_text())
+    (path / "eval_step2000_gsm8k-platinum.json").write_text(json.dumps({**record, "ids": [5, 6, 7]}))
+    with pytest.raises(ValueError, match="different GSM8K-Platinum questions"):
+        math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+
+
+def test_question_order_does_not_matter(tmp_path):
+    math_run(tmp_path, "maxrl", "maxrl", [10, 20, 30])
+    path = math_run(tmp_path, "sera", "sera", [30, 20, 10])
+    (path / "eval_step2000_gsm8k-platinum.json").write_text(
+        json.dumps({"ids": [2, 1, 0], "n": 512, "correct": [30, 20, 10]})
+    )
+    math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+    rows = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")
+    assert all(float(r["delta (pp)"]) == 0 for r in rows)  # the same counts per question id

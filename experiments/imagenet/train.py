@@ -190,8 +190,29 @@ def rollout_loss(cfg, method: Method, logp, logp_true, idx, y, history, generato
         cfg.method.aggregation,
     )
     successes = np.bincount(rows.cpu().numpy(), weights=rewards, minlength=len(counts))
-    history.update(idx.numpy(), successes, counts)
+    update_history(history, idx.numpy(), successes, counts)
     return loss, SimpleNamespace(rewards=rewards, counts=counts, p_exact=p_exact, p_hat=p_hat, tau=tau, weights=weights)
+
+
+def update_history(history, idx, successes, counts) -> None:
+    """Record the step's outcomes; under DDP every rank records every rank's prompts, so the historical p_hat of a
+    prompt is its last rate wherever it was trained."""
+    parts = [(idx, successes, counts)]
+    if torch.distributed.is_initialized():
+        parts = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(parts, (idx, successes, counts))
+    for part in parts:
+        history.update(*part)
+
+
+def rng_states(sample_gen: torch.Generator) -> list:
+    """Every rank's (sampling generator, torch) RNG states, so a resumed multi-process run continues each stream."""
+    mine = (sample_gen.get_state(), torch.get_rng_state())
+    if not torch.distributed.is_initialized():
+        return [mine]
+    states = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, mine)
+    return states
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,8 +280,11 @@ def setup_distributed(cfg):
 
 
 def build_task(cfg, rank: int, world: int):
-    """(train BatchStream, val batches callable, in_features, num_classes)."""
-    b = cfg.train.batch_size
+    """(train BatchStream, val batches callable, in_features, num_classes). Each of the world ranks takes
+    batch_size / world prompts a step, so the step's batch and rollout budget match a single-process run."""
+    if cfg.train.batch_size % world:
+        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {world} processes")
+    b = cfg.train.batch_size // world
     if cfg.data.name == "digits1000":
         train, val = build_digits1000(cfg.data.num_train, cfg.data.num_val, cfg.data.split_seed)
         stream = BatchStream(len(train), b, cfg.seed, in_memory_batches(train), rank, world)
@@ -312,11 +336,12 @@ def run(cfg: DictConfig) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         stream.load_state_dict(state["stream"])
         history.load_state_dict(state["history"])
-        sample_gen.set_state(state["sample_gen"])
-        torch.set_rng_state(state["torch_rng"])
+        gen_state, torch_state = state["rng"][rank]
+        sample_gen.set_state(gen_state)
+        torch.set_rng_state(torch_state)
         start = state["step"]
-        if run_dir is not None:
-            run_dir.rewind(start - 1)
+    if run_dir is not None:
+        run_dir.rewind(start - 1)  # drop records of work lost with an interruption (all of them without a checkpoint)
 
     bar = tqdm(
         range(start, total_steps),
@@ -368,6 +393,7 @@ def run(cfg: DictConfig) -> dict:
         if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last):
             final, p_val = evaluate(model, val_batches, cfg.eval.ks, device)
             metrics.update(final)
+            metrics["train/steps_per_epoch"] = stream.steps_per_epoch  # Table 3 averages over the last epoch
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
             if rl and step >= warm:  # the allocation picture: this step's p_hat, exact p and n_i per image
                 np.savez(
@@ -376,9 +402,11 @@ def run(cfg: DictConfig) -> dict:
                     counts=out.counts,
                     p_hat=out.p_hat if out.p_hat is not None else np.full(len(out.counts), np.nan),
                 )
+        checkpoint_due = (step + 1) % cfg.run.checkpoint_every == 0 and not is_last
+        rng = rng_states(sample_gen) if checkpoint_due else None  # collective: every rank takes part
         if run_dir is not None:
             run_dir.log(step, metrics)
-            if (step + 1) % cfg.run.checkpoint_every == 0 and not is_last:
+            if checkpoint_due:
                 run_dir.save_checkpoint(
                     {
                         "step": step + 1,
@@ -386,8 +414,7 @@ def run(cfg: DictConfig) -> dict:
                         "optimizer": optimizer.state_dict(),
                         "stream": stream.state_dict(),
                         "history": history.state_dict(),
-                        "sample_gen": sample_gen.get_state(),
-                        "torch_rng": torch.get_rng_state(),
+                        "rng": rng,
                     }
                 )
     if run_dir is not None:

@@ -84,7 +84,7 @@ def make_engine(cfg, model, path: Path):
 def ensure_base(cfg, root: Path, device: str) -> Path:
     """The shared base model: trained (and evaluated) once, reused by every RL run of the same settings."""
     config = {**base_config(cfg), "experiment": "maze-base", "eval": OmegaConf.to_container(cfg.eval)}
-    path = root / "base"
+    path = root / f"base_seed-{cfg.seed}"
     if finished_summary(path, config) is not None:
         return path
     run_dir = RunDir(path, config)
