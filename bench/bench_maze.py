@@ -1,9 +1,9 @@
 """Rollout throughput of the HF engine: a SERA allocation versus a uniform one at the same budget, and padding waste.
 
-Run: python -m bench.bench_maze [--model runs/maze-cpu/base_seed-0]. 32 held-out 11x11 mazes, budget 32 x 16 = 512
-rollouts; the SERA counts come from the waterline on p_hat drawn from Beta(0.5, 2) (clipped to [1/16, 15/16]). Prints tokens/s
-for each and their ratio (target: SERA / uniform >= 0.9), and the share of padded slots in the returned batch.
-Without --model a randomly initialised maze-1m is used (it rarely stops early, so responses run to the cap).
+Run: python -m bench.bench_maze [--model runs/maze-cpu/base_seed-0]. 32 held-out 11x11 mazes, budget 32 x 16 =
+512 rollouts; the SERA counts come from the waterline on p_hat drawn from Beta(0.5, 2) (clipped to [1/16, 15/16]).
+Prints tokens/s for each and their ratio (target: SERA / uniform >= 0.9), and the share of padded slots in the
+returned batch. Without --model a randomly initialised maze-1m is used.
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ def per_question(group: list[Run], dataset: str, ks: list[int]) -> np.ndarray | 
     if not records:
         return None
     records = [
-        {**r, "ids": sorted(r["ids"]), "correct": [c for _, c in sorted(zip(r["ids"], r["correct"]))]} for r in records
+        {**r, "ids": sorted(r["ids"]), "correct": [c for _, c in sorted(zip(r["ids"], r["correct"], strict=True))]}
+        for r in records
     ]
     if len({tuple(r["ids"]) for r in records}) > 1:
         raise ValueError(f"seeds of {group[0].path.parent} evaluated different questions on {dataset}")
