@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paper_figures.render import read_reference, write_table
+from paper_figures.render import passk_figure, read_reference, write_table
 from paper_figures.runs import Run, group_runs, label_groups, load_runs
 from sera.passk import pass_at_k
 from sera.stats import paired_bootstrap_ci
@@ -128,6 +128,7 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
     for dataset in datasets:
         shown = DATASETS[dataset]
         base_pk = per_question(base, dataset, ks) if base else None
+        curves = {"Base": base_pk}
         rows.append(
             [shown, "Base", "reproduced" if base_pk is not None else "not run", len(base), "", "", *pct(base_pk, ks)]
         )
@@ -142,10 +143,11 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
                     len(g),
                     g[0].get("train.steps"),
                     budget,
-                    *pct(per_question(g, dataset, ks), ks),
+                    *pct(curves.setdefault(label, per_question(g, dataset, ks)), ks),
                 ]
             )
             index[(g[0].get("method.name"), g[0].get("method.aggregation"))] = len(rows) - 1
+        passk_figure(curves, ks, out_root / f"math-{scale}" / f"{name}_{dataset}_passk", f"{model}: {shown}")
         for norm in {n for _, n in index}:  # bold the better of each reproduced MaxRL/SERA pair
             i, j = index.get(("sera", norm)), index.get(("maxrl", norm))
             if i is not None and j is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paper_figures.render import read_reference, write_table
+from paper_figures.render import passk_figure, read_reference, write_table
 from paper_figures.runs import Run, group_runs, label_groups, load_runs
 from sera.passk import pass_at_k
 from sera.stats import paired_bootstrap_ci
@@ -138,32 +138,10 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
         )
     verdict = "\n".join(lines) + "\n" + extra
     (out / "table4_verdict.md").write_text(verdict)
-    passk_figure(curves, ks, out / "passk_curves")
+    passk_figure(curves, ks, out / "passk_curves", "Maze navigation: held-out Pass@K")
     text = f"# Table 4 (maze navigation), scale={scale}\n\n{md}\n{verdict}"
     print(text)
     return text
-
-
-def passk_figure(curves: dict, ks: list[int], stem: Path) -> None:
-    """Pass@K against K on a log2 axis, one line per method and normalisation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, pk in curves.items():
-        if pk is not None:
-            ax.plot(ks, 100 * pk.mean(0), marker="o", ms=3, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="K", ylabel="Pass@K (%)", title="Maze navigation: held-out Pass@K")
-    if ax.lines:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    fig.savefig(stem.with_suffix(".pdf"))
-    plt.close(fig)
 
 
 def main(argv=None) -> None:

@@ -56,3 +56,26 @@ def read_reference(name: str) -> list[dict]:
     """A paper table from paper_figures/reference/ (copied from shared/paper/tables)."""
     with open(Path(__file__).parent / "reference" / name) as f:
         return list(csv.DictReader(f))
+
+
+def passk_figure(curves: dict, ks: list[int], stem: Path, title: str) -> None:
+    """Pass@K (%) against K on a log2 axis, one line per label; curves hold (questions, K) arrays or None."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, per_question in curves.items():
+        if per_question is not None:
+            ax.plot(ks, 100 * per_question.mean(axis=0), marker="o", ms=3, label=label)  # NaN where k > samples
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="K", ylabel="Pass@K (%)", title=title)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    fig.savefig(stem.with_suffix(".pdf"))
+    plt.close(fig)

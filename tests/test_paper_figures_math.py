@@ -70,6 +70,7 @@ def test_table1_cells_come_from_the_last_per_question_counts(tmp_path):
     assert any(r["method"].startswith("GRPO") and r["source"] == "not run" for r in rows)
     tex = (tmp_path / "out" / "math-paper" / "table1.tex").read_text()
     assert "\\textbf{" in tex and "\\bottomrule" in tex
+    assert (tmp_path / "out" / "math-paper" / "table1_gsm8k-platinum_passk.png").exists()
 
 
 def test_table5_delta_matches_a_direct_bootstrap(tmp_path):
