@@ -64,7 +64,6 @@ def passk_figure(curves: dict, ks: list[int], stem: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, per_question in curves.items():
