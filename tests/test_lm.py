@@ -227,7 +227,7 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     root = tmp_path / "maze-smoke"
     assert sorted(p.name for p in root.iterdir()) == [
-        "base",
+        "base_seed-0",
         "maxrl-seqnorm_n0-8_seed-0",
         "maxrl-token-mean_n0-8_seed-0",
         "sera-seqnorm_n0-8_seed-0",
@@ -236,7 +236,7 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
     assert (root / "base_seed-0" / "model.safetensors").exists() and (root / "base_seed-0" / "DONE").exists()
     base = read_jsonl(root / "base_seed-0" / "metrics.jsonl")[-1]
     assert "eval/pass@1" in base and "eval/best_fixed_answer_rate" in base
-    for run in root.glob("*_seed-0"):
+    for run in [p for p in root.glob("*_seed-0") if not p.name.startswith("base")]:
         records = read_jsonl(run / "metrics.jsonl")
         assert [r["step"] for r in records] == [0, 1, 2, 3] and (run / "DONE").exists()
         assert "eval/distinct_answers" in records[-1]
