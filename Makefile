@@ -66,7 +66,7 @@ reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and 
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
 reproduce-math: ## Tables 1, 5-9 (math reasoning; GPUs and model weights) - not implemented yet
-	@echo "reproduce-math: the math study is not implemented yet (see README, Status)"; exit 1
+	@echo "reproduce-math: the math study is not implemented yet (see README, Math reasoning)"; exit 1
 
 tables: install ## rebuild the paper tables that have runs (runs/ -> paper_figures/out/), SCALE=cpu|paper
 	$(PY) -m paper_figures.report --scale $(SCALE)
