@@ -203,10 +203,11 @@ def last_mean(run: Run, key: str, last: int) -> float | None:
     return float(values[-last:].mean()) if values.size else None
 
 
-def last_snapshot(run: Run) -> dict | None:
-    """The run's last allocation snapshot (alloc_step<N>.npz: p_exact, p_hat, counts of one batch), or None."""
+def snapshot(run: Run, which: int = -1) -> dict | None:
+    """One of the run's allocation snapshots (alloc_step<N>.npz: p_exact, p_hat, counts of one batch), by position
+    in step order (-1: the last), or None."""
     files = sorted(run.path.glob("alloc_step*.npz"), key=lambda p: int(p.stem.removeprefix("alloc_step")))
-    return dict(np.load(files[-1])) if files else None
+    return dict(np.load(files[which])) if files else None
 
 
 def _pyplot():
@@ -220,13 +221,14 @@ def _pyplot():
 
 def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
     """SERA's allocation on one batch per n0: n_i against p_hat, and the scale factors c(p, n) at the exact p under
-    uniform n0 (before) and under SERA's n_i (after), images sorted by p."""
+    uniform n0 (before) and under SERA's n_i (after), against p. The first snapshot (early in RL, when p still
+    varies) is drawn; late in training nearly every image has p near 1."""
     from sera.allocation import scale_factor
 
     snaps = {
         g[0].get("n0"): (s, g[0])
         for g in groups
-        if g[0].get("method.name") == "sera" and not variant(g[0]) and (s := last_snapshot(g[0])) is not None
+        if g[0].get("method.name") == "sera" and not variant(g[0]) and (s := snapshot(g[0], 0)) is not None
     }
     if not snaps:
         return
@@ -239,10 +241,9 @@ def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
         axes[row, 0].axhline(n0, color="gray", ls="--", lw=1, label=f"uniform n0 = {n0}")
         axes[row, 0].set(xscale="log", xlabel="p_hat (pilot estimate)", ylabel="n_i", title=f"n0 = {n0}: SERA's n_i")
         axes[row, 0].legend(fontsize=8)
-        order = np.argsort(p)
-        axes[row, 1].plot(scale_factor(p[order], n0, delta), label="uniform (before)", color="C1")
-        axes[row, 1].plot(scale_factor(p[order], counts[order], delta), label="SERA (after)", color="C2")
-        axes[row, 1].set(xlabel="images sorted by exact p", ylabel="c(p, n)", title=f"n0 = {n0}: scale factors")
+        axes[row, 1].scatter(p, scale_factor(p, n0, delta), s=6, label="uniform (before)", color="C1")
+        axes[row, 1].scatter(p, scale_factor(p, counts, delta), s=6, label="SERA (after)", color="C2")
+        axes[row, 1].set(xscale="log", xlabel="exact p", ylabel="c(p, n)", title=f"n0 = {n0}: scale factors")
         axes[row, 1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=120)
@@ -252,7 +253,7 @@ def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
 
 def phat_figure(groups: list[list[Run]], stem: Path) -> None:
     """p_hat against the exact p on one batch, one panel per pilot size m (m = 0: history)."""
-    snaps = [(g[0].get("method.pilot_m"), s) for g in groups if (s := last_snapshot(g[0])) is not None]
+    snaps = [(g[0].get("method.pilot_m"), s) for g in groups if (s := snapshot(g[0])) is not None]
     if not snaps:
         return
     plt = _pyplot()
