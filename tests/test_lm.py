@@ -225,11 +225,16 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
         "threads=1",
     ]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
+    others = [*cmd[:4], "scale=maze/smoke", "method=grpo,dars_hw,pkpo", "method.pkpo_k=4", *cmd[-2:]]
+    subprocess.run(others, env=env, check=True, capture_output=True)  # every registry method once
     root = tmp_path / "maze-smoke"
     assert sorted(p.name for p in root.iterdir()) == [
         "base_seed-0",
+        "dars_hw-token-mean_n0-8_seed-0",
+        "grpo-token-mean_n0-8_seed-0",
         "maxrl-seqnorm_n0-8_seed-0",
         "maxrl-token-mean_n0-8_seed-0",
+        "pkpo-token-mean_n0-8_seed-0",
         "sera-seqnorm_n0-8_seed-0",
         "sera-token-mean_n0-8_seed-0",
     ]
