@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from paper_figures.render import read_reference, write_table
+from paper_figures.render import pyplot, read_reference, save_figure, write_table
 from paper_figures.runs import Run, group_runs, label_groups, load_runs
+from sera.allocation import scale_factor
 from sera.stats import paired_bootstrap_ci
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -168,7 +169,7 @@ def sera_vs_maxrl(groups: list[list[Run]], scale: str) -> str:
 
 def training_figure(groups: list[list[Run]], stem: Path) -> None:
     """Pass@1 and gradient cosine to CE over training, one row per n0 (seed means)."""
-    plt = _pyplot()
+    plt = pyplot()
     n0s = sorted({g[0].get("n0") for g in groups if g[0].get("method.name") != "direct_ce"})
     if not n0s:
         return
@@ -190,11 +191,7 @@ def training_figure(groups: list[list[Run]], stem: Path) -> None:
         axes[row, 1].set(title=f"n0 = {n0}: cos(step gradient, CE gradient)", xlabel="step", ylabel="cosine")
         axes[row, 0].legend(fontsize=8)
         axes[row, 1].legend(fontsize=8)
-    fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    fig.savefig(stem.with_suffix(".pdf"))
-    plt.close(fig)
+    save_figure(fig, stem)
 
 
 def last_mean(run: Run, key: str, last: int) -> float | None:
@@ -210,20 +207,10 @@ def snapshot(run: Run, which: int = -1) -> dict | None:
     return dict(np.load(files[which])) if files else None
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
     """SERA's allocation on one batch per n0: n_i against p_hat, and the scale factors c(p, n) at the exact p under
     uniform n0 (before) and under SERA's n_i (after), against p. The first snapshot (early in RL, when p still
     varies) is drawn; late in training nearly every image has p near 1."""
-    from sera.allocation import scale_factor
 
     snaps = {
         g[0].get("n0"): (s, g[0])
@@ -232,7 +219,7 @@ def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
     }
     if not snaps:
         return
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(snaps), 2, figsize=(10, 3.2 * len(snaps)), squeeze=False)
     for row, (n0, (snap, run)) in enumerate(sorted(snaps.items())):
         p, p_hat, counts = snap["p_exact"], snap["p_hat"], snap["counts"]
@@ -245,10 +232,7 @@ def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
         axes[row, 1].scatter(p, scale_factor(p, counts, delta), s=6, label="SERA (after)", color="C2")
         axes[row, 1].set(xscale="log", xlabel="exact p", ylabel="c(p, n)", title=f"n0 = {n0}: scale factors")
         axes[row, 1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    fig.savefig(stem.with_suffix(".pdf"))
-    plt.close(fig)
+    save_figure(fig, stem)
 
 
 def phat_figure(groups: list[list[Run]], stem: Path) -> None:
@@ -256,16 +240,13 @@ def phat_figure(groups: list[list[Run]], stem: Path) -> None:
     snaps = [(g[0].get("method.pilot_m"), s) for g in groups if (s := snapshot(g[0])) is not None]
     if not snaps:
         return
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(snaps), figsize=(3 * len(snaps), 3), squeeze=False)
     for ax, (m, snap) in zip(axes[0], snaps, strict=True):
         ax.scatter(snap["p_exact"], snap["p_hat"], s=5, alpha=0.5)
         ax.plot([0, 1], [0, 1], color="gray", lw=1)
         ax.set(xlabel="exact p", ylabel="p_hat", title="history (m = 0)" if m == 0 else f"pilots m = {m}")
-    fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    fig.savefig(stem.with_suffix(".pdf"))
-    plt.close(fig)
+    save_figure(fig, stem)
 
 
 def pooled_pearson(runs: list[Run], last_steps: int) -> float | None:

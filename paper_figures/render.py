@@ -58,14 +58,28 @@ def read_reference(name: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def passk_figure(curves: dict, ks: list[int], stem: Path, title: str) -> None:
-    """Pass@K (%) against K on a log2 axis, one line per label; curves hold (questions, K) arrays or None."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return plt
+
+
+def save_figure(fig, stem: Path) -> None:
+    """Write the figure as stem.png and stem.pdf, then close it."""
+    fig.tight_layout()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    fig.savefig(stem.with_suffix(".pdf"))
+    pyplot().close(fig)
+
+
+def passk_figure(curves: dict, ks: list[int], stem: Path, title: str) -> None:
+    """Pass@K (%) against K on a log2 axis, one line per label; curves hold (questions, K) arrays or None."""
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for label, per_question in curves.items():
         if per_question is not None:
             ax.plot(ks, 100 * per_question.mean(axis=0), marker="o", ms=3, label=label)  # NaN where k > samples
@@ -73,8 +87,4 @@ def passk_figure(curves: dict, ks: list[int], stem: Path, title: str) -> None:
     ax.set(xlabel="K", ylabel="Pass@K (%)", title=title)
     if ax.lines:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    fig.savefig(stem.with_suffix(".pdf"))
-    plt.close(fig)
+    save_figure(fig, stem)
