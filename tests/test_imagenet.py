@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from experiments.imagenet import train
+from experiments.imagenet.sampling import RowSampler
 from sera.advantages import maxrl, multiplicity_weights
 from sera.allocation import scale_factor, waterline
 from sera.losses import pg_loss
@@ -27,17 +28,40 @@ def cfg_for(*overrides):
         return compose("imagenet", overrides=list(overrides))
 
 
-def test_sample_labels_counts_and_distribution():
+@pytest.mark.parametrize("kernel", [True, False])
+def test_sample_labels_counts_and_distribution(kernel):
     probs = torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.0, 0.0, 0.5, 0.5], [0.25, 0.25, 0.25, 0.25]])
     counts = np.array([20000, 3, 40000])
-    rows, labels = train.sample_labels(train.shifted_cdf(probs), 4, counts, torch.Generator().manual_seed(0))
-    assert torch.equal(torch.bincount(rows), torch.as_tensor(counts))
-    assert torch.all(rows[:-1] <= rows[1:])  # grouped by prompt
+    rows, labels = RowSampler(probs, kernel=kernel).sample(counts, torch.Generator().manual_seed(0))
+    assert np.array_equal(np.bincount(rows), counts)
+    assert np.all(rows[:-1] <= rows[1:])  # grouped by prompt
     for i in (0, 2):
-        freq = torch.bincount(labels[rows == i], minlength=4).double() / counts[i]
-        se = torch.sqrt(probs[i].double() * (1 - probs[i].double()) / counts[i])
-        assert torch.all((freq - probs[i].double()).abs() <= 5 * se + 1e-12)
+        freq = np.bincount(labels[rows == i], minlength=4) / counts[i]
+        p = probs[i].double().numpy()
+        assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / counts[i]) + 1e-12)
     assert set(labels[rows == 1].tolist()) <= {2, 3}  # zero-probability labels are never drawn
+
+
+def test_cpu_kernel_and_searchsorted_draw_the_same_labels():
+    """The CPU kernel and the accelerator path (torch.searchsorted, run here on the CPU) agree draw for draw,
+    on unnormalised rows with zero-probability classes and ragged counts, including an empty row."""
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.rand(64, 1000, generator=gen) ** 8 * (torch.rand(64, 1000, generator=gen) > 0.3)
+    counts = np.random.default_rng(0).integers(0, 300, 64)
+    counts[5] = 0
+    drawn = [RowSampler(probs, kernel=k).sample(counts, torch.Generator().manual_seed(1)) for k in (True, False)]
+    (rows_k, labels_k), (rows_t, labels_t) = drawn
+    assert np.array_equal(rows_k, rows_t)
+    assert (labels_k != labels_t).sum() <= 2  # only a uniform within float rounding of a boundary may differ
+    assert probs.numpy()[rows_k, labels_k].min() > 0
+
+
+def test_sampler_rejects_bad_counts():
+    sampler = RowSampler(torch.ones(3, 4))
+    with pytest.raises(ValueError, match="non-negative"):
+        sampler.sample(np.array([1, -1, 2]), torch.Generator())
+    with pytest.raises(ValueError, match="3 non-negative"):
+        sampler.sample(np.array([1, 2]), torch.Generator())
 
 
 @pytest.mark.parametrize("allocation", ["uniform", "sera"])
@@ -57,8 +81,8 @@ def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(allocation):
     expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(expected_loss, params, retain_graph=True)])
     gen, draws = torch.Generator().manual_seed(1), []
     for _ in range(4000):
-        rows, labels = train.sample_labels(train.shifted_cdf(logp.detach().exp()), 5, counts, gen)
-        adv = maxrl((labels == y[rows]).double().numpy(), counts)
+        rows, labels = RowSampler(logp.detach().exp()).sample(counts, gen)
+        adv = maxrl((labels == y.numpy()[rows]).astype(np.float64), counts)
         lp = logp[rows, labels][:, None]
         loss = pg_loss(lp, torch.ones_like(lp), torch.as_tensor(adv), torch.as_tensor(weights))
         draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, retain_graph=True)]))

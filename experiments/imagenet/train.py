@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +39,7 @@ from experiments.imagenet.data import (
     in_memory_val_batches,
 )
 from experiments.imagenet.model import build_model
+from experiments.imagenet.sampling import RowSampler
 from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
 from sera.allocation import scale_factor, uniform, waterline
 from sera.estimation import HistoricalEstimator, pilot_p_hat
@@ -109,87 +111,95 @@ def run_name(cfg) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Rollouts: labels sampled from the softmax, with a different count for every image, in one flat pass.
 # ---------------------------------------------------------------------------------------------------------------
-def shifted_cdf(probs: torch.Tensor) -> torch.Tensor:
-    """Row i's CDF shifted by i, flattened (B * C,): all rows form one increasing array for one searchsorted."""
-    cdf = probs.double().cumsum(dim=1)
-    cdf[:, -1] = 1.0
-    return (cdf + torch.arange(probs.shape[0], dtype=torch.float64, device=cdf.device)[:, None]).reshape(-1)
+@dataclass(frozen=True)
+class RolloutSpec:
+    """A run's rollout settings, read from the config once: a config attribute costs ~50 us, and a step reads ten."""
+
+    method: Method
+    n0: int
+    estimator: str  # p_hat: none | pilot | history | oracle
+    pilot_m: int
+    p_lo: float
+    p_hi: float
+    n_min: int
+    n_max: int
+    delta: int
+    multiplicity_correction: bool
+    aggregation: str
+    adv_kwargs: dict
+
+    @classmethod
+    def from_config(cls, cfg, method: Method) -> RolloutSpec:
+        mc = cfg.method
+        n_min, n_max, delta = allocation_bounds(cfg)
+        return cls(
+            method, cfg.n0, mc.estimator, mc.pilot_m, mc.p_lo, mc.p_hi, n_min, n_max, delta,
+            mc.multiplicity_correction, mc.aggregation, advantage_kwargs(method, mc),
+        )  # fmt: skip
 
 
-def sample_labels(cdf: torch.Tensor, classes: int, counts: np.ndarray, generator: torch.Generator):
-    """Draw counts[i] labels from row i by inverse CDF: exactly sum(counts) draws, no padding to max n_i.
-
-    cdf is `shifted_cdf(probs)` for probs (B, C). Returns rows (N,) and labels (N,), grouped by prompt.
-    """
-    rows = torch.repeat_interleave(torch.arange(len(counts), device=cdf.device), torch.as_tensor(counts).to(cdf.device))
-    u = torch.rand(rows.numel(), generator=generator, dtype=torch.float64).to(cdf.device)
-    labels = torch.searchsorted(cdf, rows + u, right=True) - rows * classes
-    return rows, labels.clamp_(0, classes - 1)
-
-
-def draw_rollouts(cfg, method: Method, probs, p_exact, idx, y, history, generator, alloc_params):
+def draw_rollouts(spec: RolloutSpec, probs, p_exact, idx, y, history, generator):
     """p_hat, allocation, and the step's rollouts. Pilots are the first m rollouts of each group (inside the budget).
 
-    Returns rows (N,), labels (N,), counts (B,), p_hat (B,) or None, tau or None.
+    probs (B, C) torch; y (B,) numpy true labels. Returns rows (N,), labels (N,), counts (B,) (numpy), p_hat (B,) or
+    None, tau or None.
     """
-    mc, (batch, classes) = cfg.method, probs.shape
-    cdf = shifted_cdf(probs)
-    budget = batch * cfg.n0
-    n_min, n_max, delta = alloc_params
-    pilot_rows = pilot_labels = None
-    if mc.estimator == "pilot":
-        pilot_rows, pilot_labels = sample_labels(cdf, classes, np.full(batch, mc.pilot_m), generator)
-        successes = torch.bincount(pilot_rows, weights=(pilot_labels == y[pilot_rows]).double(), minlength=batch)
-        p_hat = pilot_p_hat(successes.cpu().numpy(), mc.pilot_m, mc.p_lo, mc.p_hi)
-    elif mc.estimator == "history":
+    batch = probs.shape[0]
+    sampler = RowSampler(probs)
+    pilot_labels = None
+    if spec.estimator == "pilot":
+        _, pilot_labels = sampler.sample(np.full(batch, spec.pilot_m), generator)  # (B * m,), row by row
+        successes = (pilot_labels.reshape(batch, spec.pilot_m) == y[:, None]).sum(axis=1)
+        p_hat = pilot_p_hat(successes, spec.pilot_m, spec.p_lo, spec.p_hi)
+    elif spec.estimator == "history":
         p_hat = history.estimate(idx.numpy())
-    elif mc.estimator == "oracle":
+    elif spec.estimator == "oracle":
         p_hat = np.clip(p_exact, ORACLE_CLIP, 1 - ORACLE_CLIP)
     else:
         p_hat = None
 
     tau = None
-    if method.allocator == "waterline":
+    if spec.method.allocator == "waterline":
         # SERA: spend the same budget so the scale factors c(p_hat_i, n_i) come out (nearly) equal
-        counts, tau = waterline(p_hat, budget, n_min, n_max, delta, return_tau=True)
+        counts, tau = waterline(p_hat, batch * spec.n0, spec.n_min, spec.n_max, spec.delta, return_tau=True)
     else:
-        counts = uniform(batch, cfg.n0)
+        counts = uniform(batch, spec.n0)
 
-    if pilot_rows is None:
-        rows, labels = sample_labels(cdf, classes, counts, generator)
-    else:  # reuse the pilots: draw only n_i - m more, then group each prompt's rollouts together
-        extra_rows, extra_labels = sample_labels(cdf, classes, counts - mc.pilot_m, generator)
-        rows = torch.cat([pilot_rows, extra_rows])
-        order = torch.argsort(rows, stable=True)
-        rows, labels = rows[order], torch.cat([pilot_labels, extra_labels])[order]
+    if pilot_labels is None:
+        rows, labels = sampler.sample(counts, generator)
+    else:  # reuse the pilots: draw only n_i - m more; each prompt's group holds its m pilots, then its extras
+        _, extra_labels = sampler.sample(counts - spec.pilot_m, generator)
+        rows = np.repeat(np.arange(batch), counts)  # (N,)
+        is_pilot = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts) < spec.pilot_m  # (N,)
+        labels = np.empty(rows.size, dtype=np.int64)
+        labels[is_pilot], labels[~is_pilot] = pilot_labels, extra_labels
     return rows, labels, counts, p_hat, tau
 
 
-def rollout_loss(cfg, method: Method, logp, logp_true, idx, y, history, generator, alloc_params, adv_kwargs):
+def rollout_loss(spec: RolloutSpec, logp, logp_true, idx, y, history, generator):
     """One RL step's loss: p_hat, allocation, rollouts, rewards, advantages, weights (DESIGN sections 1-3).
 
     logp (B, C) log-softmax with grad; logp_true (B,) log p. Returns (loss, the step's rollout data for logging).
     """
-    probs = logp.detach().exp()
+    batch, classes = logp.shape
+    y_np = y.cpu().numpy()
     p_exact = logp_true.detach().exp().double().cpu().numpy()
-    rows, labels, counts, p_hat, tau = draw_rollouts(
-        cfg, method, probs, p_exact, idx, y, history, generator, alloc_params
-    )
-    rewards = (labels == y[rows]).double().cpu().numpy()  # (N,)
-    adv = ADVANTAGES[method.advantage](rewards, counts, **adv_kwargs)
+    rows, labels, counts, p_hat, tau = draw_rollouts(spec, logp.detach().exp(), p_exact, idx, y_np, history, generator)
+    rewards = (labels == y_np[rows]).astype(np.float64)  # (N,)
+    adv = ADVANTAGES[spec.method.advantage](rewards, counts, **spec.adv_kwargs)
     # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so every prompt keeps its uniform weight
-    correct = cfg.method.multiplicity_correction
-    weights = multiplicity_weights(counts, cfg.n0) if correct else np.ones(rewards.size)
-    lp = logp[rows, labels][:, None]  # (N, 1): a classifier rollout is one token
+    weights = multiplicity_weights(counts, spec.n0) if spec.multiplicity_correction else np.ones(rewards.size)
+    # (N, 1): a classifier rollout is one token. index_select on the flat view: its backward is one index_add
     device = logp.device
+    lp = logp.reshape(-1).index_select(0, torch.from_numpy(rows * classes + labels).to(device))[:, None]
     loss = pg_loss(
         lp,
         torch.ones_like(lp),
         torch.as_tensor(adv, device=device),
         torch.as_tensor(weights, device=device),
-        cfg.method.aggregation,
+        spec.aggregation,
     )
-    successes = np.bincount(rows.cpu().numpy(), weights=rewards, minlength=len(counts))
+    successes = np.bincount(rows, weights=rewards, minlength=batch)
     update_history(history, idx.numpy(), successes, counts)
     return loss, SimpleNamespace(rewards=rewards, counts=counts, p_exact=p_exact, p_hat=p_hat, tau=tau, weights=weights)
 
@@ -297,7 +307,7 @@ def build_task(cfg, rank: int, world: int):
 def run(cfg: DictConfig) -> dict:
     """Train one run to completion (or resume it) and return the final evaluation."""
     method = validate(cfg)
-    alloc_params = allocation_bounds(cfg)
+    spec = RolloutSpec.from_config(cfg, method)
     rank, world, device = setup_distributed(cfg)
     threads = set_torch_threads(cfg.threads)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -352,7 +362,6 @@ def run(cfg: DictConfig) -> dict:
         unit="step",
         mininterval=0.1 if sys.stderr.isatty() else 5.0,
     )
-    adv_kwargs = advantage_kwargs(method, cfg.method)
     final = {}
     for step in bar:
         t0 = time.perf_counter()
@@ -372,12 +381,10 @@ def run(cfg: DictConfig) -> dict:
         if step < warm or not rl:
             loss = ce_loss
         else:
-            loss, out = rollout_loss(
-                cfg, method, logp, logp_true, idx, y, history, sample_gen, alloc_params, adv_kwargs
-            )
-            metrics.update(step_metrics(cfg, out, alloc_params[2], loss.item()))
+            loss, out = rollout_loss(spec, logp, logp_true, idx, y, history, sample_gen)
+            metrics.update(step_metrics(spec, out, loss.item()))
             if (step - warm) % cfg.eval.grad_cos_every == 0:
-                metrics.update(gradient_alignment(method, loss, ce_loss, logp_true, out, adv_kwargs, params))
+                metrics.update(gradient_alignment(spec, loss, ce_loss, logp_true, out, params))
 
         optimizer.zero_grad(set_to_none=True)
         if torch.isfinite(loss):
@@ -425,15 +432,15 @@ def run(cfg: DictConfig) -> dict:
     return final
 
 
-def step_metrics(cfg, out, delta, loss) -> dict:
+def step_metrics(spec: RolloutSpec, out, loss) -> dict:
     """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r)."""
     rewards, counts, p_exact, p_hat, tau = out.rewards, out.counts, out.p_exact, out.p_hat, out.tau
-    c = scale_factor(p_exact, counts, delta)
+    c = scale_factor(p_exact, counts, spec.delta)
     m = {
         "train/reward": float(rewards.mean()),
         "train/loss": float(loss),
         "alloc/rollouts": int(counts.sum()),
-        "alloc/budget": int(len(counts) * cfg.n0),
+        "alloc/budget": int(len(counts) * spec.n0),
         "alloc/n_min": int(counts.min()),
         "alloc/n_median": float(np.median(counts)),
         "alloc/n_max": int(counts.max()),
@@ -454,7 +461,7 @@ def step_metrics(cfg, out, delta, loss) -> dict:
     return m
 
 
-def gradient_alignment(method, loss, ce_loss, logp_true, out, adv_kwargs, params) -> dict:
+def gradient_alignment(spec: RolloutSpec, loss, ce_loss, logp_true, out, params) -> dict:
     """Cosine of the step's gradient, and of its expectation, to the CE (exact likelihood) gradient, same batch.
 
     The expectation given the allocation is (1/N) sum_i w_i n_i kappa(p_i, n_i) grad log p_i, with kappa from
@@ -463,7 +470,7 @@ def gradient_alignment(method, loss, ce_loss, logp_true, out, adv_kwargs, params
     counts, weights = out.counts, out.weights
     g_ce = flat_grad(ce_loss, params)
     g_step = flat_grad(loss, params)
-    kappa = expected_scale(method.advantage, out.p_exact, counts, **adv_kwargs)
+    kappa = expected_scale(spec.method.advantage, out.p_exact, counts, **spec.adv_kwargs)
     w_prompt = torch.as_tensor(weights[np.cumsum(counts) - 1] * counts * kappa / counts.sum(), dtype=logp_true.dtype)
     g_expected = flat_grad(-(w_prompt.to(logp_true.device) * logp_true).sum(), params)
     return {
