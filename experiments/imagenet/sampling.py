@@ -49,7 +49,10 @@ def _draw(probs, counts, u):  # (B, C) float32, (B,), (N,) -> labels (N,): row b
 
 
 class RowSampler:
-    """Draws labels from the rows of probs (B, C) (unnormalised is fine); one CDF serves any number of draws.
+    """Draws labels from the rows of probs (B, C) (unnormalised is fine), any number of times (pilots, then the rest).
+
+    The accelerator path builds the CDF once; the CPU kernel rebuilds each row's running sums at every call, in a
+    cache-resident buffer, which measured cheaper than keeping a (B, C) float64 array between calls.
 
     kernel: use the CPU kernel (default: when probs is on the CPU); False gives the torch.searchsorted path.
     """
