@@ -14,9 +14,9 @@ from hydra import compose, initialize_config_dir
 
 from experiments.imagenet import train
 from experiments.imagenet.sampling import RowSampler
-from sera.advantages import maxrl, multiplicity_weights
-from sera.allocation import scale_factor, waterline
-from sera.losses import pg_loss
+from sera.allocation import scale_factor
+from sera.estimation import HistoricalEstimator
+from sera.methods import get_method
 from sera.runlog import RunExistsError, read_jsonl
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
@@ -64,32 +64,55 @@ def test_sampler_rejects_bad_counts():
         sampler.sample(np.array([1, 2]), torch.Generator())
 
 
-@pytest.mark.parametrize("allocation", ["uniform", "sera"])
-def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(allocation):
-    """Averaging many sampled MaxRL steps on a tiny linear classifier gives (1/B) sum_i c(p_i, n_i) grad log p_i,
-    within 5 standard errors per coordinate (with SERA's allocation and multiplicity weights as well)."""
+def spec(name, estimator="none", pilot_m=0, n0=6, n_max=48) -> train.RolloutSpec:
+    method = get_method(name)
+    return train.RolloutSpec(
+        method, n0, estimator, pilot_m, 0.01, 0.99, max(2, pilot_m), n_max, 1,
+        method.multiplicity_correction, "token-mean", {},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["maxrl", "sera"])
+def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(name):
+    """Averaging many steps of the shipped rollout loss (MaxRL, or SERA with the oracle p_hat: waterline counts and
+    multiplicity weights) on a tiny linear classifier gives (1/B) sum_i c(p_i, n_i) grad log p_i, within 5
+    standard errors per coordinate."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 5)
-    x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 3])
+    x, y, idx = torch.randn(4, 3), torch.tensor([0, 1, 2, 3]), torch.arange(4)
     logp = torch.log_softmax(model(x), -1)
-    p = logp.gather(1, y[:, None])[:, 0].exp().detach().double().numpy()
-    n0 = 6
-    counts = np.full(4, n0) if allocation == "uniform" else waterline(np.clip(p, 0.01, 0.99), 4 * n0, 2, 48)
-    weights = multiplicity_weights(counts, n0) if allocation == "sera" else np.ones(counts.sum())
-    params = list(model.parameters())
-    expected_loss = -(torch.as_tensor(scale_factor(p, counts, 1)) * logp.gather(1, y[:, None])[:, 0].double()).mean()
-    expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(expected_loss, params, retain_graph=True)])
+    logp_true = logp.gather(1, y[:, None])[:, 0]
+    p = logp_true.exp().detach().double().numpy()
+    run = spec(name, estimator="oracle" if name == "sera" else "none")
+    params, history = list(model.parameters()), HistoricalEstimator(4)
     gen, draws = torch.Generator().manual_seed(1), []
     for _ in range(4000):
-        rows, labels = RowSampler(logp.detach().exp()).sample(counts, gen)
-        adv = maxrl((labels == y.numpy()[rows]).astype(np.float64), counts)
-        lp = logp[rows, labels][:, None]
-        loss = pg_loss(lp, torch.ones_like(lp), torch.as_tensor(adv), torch.as_tensor(weights))
+        loss, out = train.rollout_loss(run, logp, logp_true, idx, y, history, gen)
         draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, retain_graph=True)]))
+    assert (out.counts != run.n0).any() == (name == "sera") and out.counts.sum() == 4 * run.n0
+    expected_loss = -(torch.as_tensor(scale_factor(p, out.counts, 1)) * logp_true.double()).mean()
+    expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(expected_loss, params)]).double()
     draws = torch.stack(draws).double()
     mean, se = draws.mean(0), draws.std(0) / np.sqrt(len(draws))
-    assert torch.all((mean - expected.double()).abs() <= 5 * se + 1e-9)
-    assert torch.nn.functional.cosine_similarity(mean, expected.double(), dim=0) > 0.99
+    assert torch.all((mean - expected).abs() <= 5 * se + 1e-9)
+    assert torch.nn.functional.cosine_similarity(mean, expected, dim=0) > 0.99
+
+
+def test_pilots_are_the_first_rollouts_of_each_group():
+    """With pilots, a group holds its m pilot labels first (the draws that set p_hat), then its n_i - m others; the
+    budget is spent exactly."""
+    probs = torch.softmax(2 * torch.randn(8, 50, generator=torch.Generator().manual_seed(0)), -1)
+    y = probs.argmax(1).numpy()  # likely labels, so the pilots see successes and failures
+    run = spec("sera", estimator="pilot", pilot_m=3, n0=10, n_max=80)
+    rows, labels, counts, p_hat, _ = train.draw_rollouts(
+        run, probs, None, torch.arange(8), y, None, torch.Generator().manual_seed(5)
+    )
+    _, pilots = RowSampler(probs).sample(np.full(8, 3), torch.Generator().manual_seed(5))  # the same first draws
+    first = np.cumsum(counts) - counts
+    assert counts.sum() == 80 and counts.min() >= 3 and np.array_equal(np.bincount(rows), counts)
+    assert np.array_equal(labels[first[:, None] + np.arange(3)], pilots.reshape(8, 3))
+    successes = (pilots.reshape(8, 3) == y[:, None]).sum(1)
+    assert np.array_equal(p_hat, np.clip(successes / 3, 0.01, 0.99))
 
 
 @pytest.mark.parametrize("method", ["direct_ce", "grpo", "maxrl", "sera", "pkpo"])
