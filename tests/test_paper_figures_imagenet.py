@@ -126,6 +126,18 @@ def test_missing_runs_give_not_run_cells(tmp_path):
     assert "| 128 | not run |" in verdict
 
 
+def test_table2_verdict_lists_the_difference_seed_by_seed(tmp_path):
+    for seed, (a, b) in enumerate([(0.50, 0.40), (0.45, 0.47), (0.60, 0.30)]):
+        make_run(tmp_path, "sera", seed=seed, pass1=a)
+        make_run(tmp_path, "maxrl", seed=seed, pass1=b)
+    make_run(tmp_path, "sera", seed=3, pass1=0.9)  # no MaxRL partner: left out of the per-seed column
+    imagenet.table2(tmp_path, "cpu", tmp_path / "out")
+    verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
+    scale = 1 + 1 / 2048  # the fixture's Pass@1 is pass1 * (1 + k / 2048)
+    expected = ", ".join(f"seed {s}: {100 * d * scale:+.2f}" for s, d in enumerate([0.10, -0.02, 0.30]))
+    assert f"| {expected} |" in verdict and "seed 3" not in verdict
+
+
 def test_table3_pools_the_last_epoch(tmp_path):
     make_run(tmp_path, "sera", estimator="pilot", m=2)
     make_run(tmp_path, "sera", estimator="history", m=0)
