@@ -21,7 +21,7 @@ from experiments.imagenet import train
 from experiments.imagenet.data import build_digits1000
 from experiments.imagenet.model import build_model
 from sera.estimation import HistoricalEstimator
-from sera.methods import get_method
+from sera.methods import MethodSettings, get_method
 from sera.threads import set_torch_threads
 
 METHODS = ["direct_ce", "maxrl", "sera"]
@@ -42,10 +42,10 @@ def mean_seconds(fns: dict, repeats: int, warmup: int) -> dict:
     return {name: t / repeats for name, t in total.items()}
 
 
-def spec_for(name: str) -> train.RolloutSpec:
+def spec_for(name: str) -> MethodSettings:
     with initialize_config_dir(config_dir=CONFIGS, version_base=None):
         cfg = compose("imagenet", overrides=[f"method={name}", "n0=128"])
-    return train.RolloutSpec.from_config(cfg, train.validate(cfg))
+    return train.validate(cfg)
 
 
 def bench_model(make_model, x, y, repeats: int, warmup: int) -> dict:

@@ -1,138 +1,274 @@
 """One policy-gradient loop for language-model policies, shared by the maze and math studies (DESIGN.md 1-4, 6).
 
-Each step: sample B prompts; estimate p_hat (pilots reused inside the budget, or history); allocate (uniform, SERA's
-waterline, or DARS-HW's extra rollouts); generate; reward; advantages with multiplicity weights; token-mean or seqnorm
-loss over the rollouts with a nonzero advantage; optimizer step; weight sync. Periodic Pass@K evaluation with many
-samples per held-out prompt, checkpoints, and resume. A non-finite loss skips the step and is logged.
+Each step (`rl_step`): the task gives B prompts; the shared collection step (sera.collect) estimates p_hat, allocates
+the budget and draws the rollouts, which the task scores in one batch per draw; advantages with SERA's multiplicity
+weights; the token-mean or seqnorm loss over the rollouts with a nonzero advantage, in micro-batches whose gradients
+accumulate to the full-batch gradient; optimizer step; weight sync. `train` adds periodic Pass@K evaluation on the
+task's named evaluation sets (one per-question record each), checkpoints, resume, and stops (no DONE) on repeated
+non-finite steps or a non-finite evaluation. `run_rl` is the prologue and epilogue every LM entry point shares.
 
-A task provides: eos_id, pad_id, max_new_tokens, train_prompts(step, batch) -> (ids (B,), prompts),
-eval_prompts() -> (ids, prompts), reward(prompt_id, response_ids) -> float, and optionally eval_extras(ids, rollouts).
+A study plugs in with a `Task` (below) and a short entry point; tests/test_lm.py has a toy task as the example.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from types import SimpleNamespace
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from sera.advantages import ADVANTAGES, multiplicity_weights
-from sera.allocation import dars_hw_extra, scale_factor, uniform, waterline
-from sera.estimation import HistoricalEstimator, pilot_p_hat
+from sera.allocation import scale_factor
+from sera.collect import collect
+from sera.estimation import HistoricalEstimator
 from sera.losses import pg_loss
-from sera.methods import Method, advantage_kwargs, allocation_bounds
+from sera.methods import MethodSettings
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, response_logprobs
+from sera.runlog import RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
 
 
-def validate_method(cfg, method: Method, repeated_prompts: bool) -> None:
-    """Cross-field checks of the method settings for the LM loop, before any work starts."""
-    mc = cfg.method
-    if method.advantage is None:
-        raise ValueError(f"{method.name} has no rollouts; the language-model studies need an RL method")
-    if mc.estimator not in ("none", "pilot", "history"):
-        raise ValueError(f"method.estimator={mc.estimator!r}: the LM loop supports none | pilot | history")
-    if method.allocator == "waterline" and mc.estimator == "none":
-        raise ValueError("sera needs a p_hat estimator: method.estimator=pilot|history")
-    if mc.estimator == "history" and not repeated_prompts:
-        raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
-    if mc.estimator == "pilot" and mc.pilot_m < 1:
-        raise ValueError("method.estimator=pilot needs method.pilot_m >= 1")
-    if method.allocator in ("dars_hw", "uniform") and mc.estimator != "none":
-        raise ValueError(f"{method.name} allocates without p_hat: set method.estimator=none")
-    if method.advantage == "pkpo" and cfg.n0 < mc.pkpo_k:
-        raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({cfg.n0} < {mc.pkpo_k})")
-    if mc.aggregation not in ("token-mean", "seqnorm", "seq-mean-token-mean"):
-        raise ValueError(f"unknown method.aggregation {mc.aggregation!r}")
-    n_min, n_max, _ = allocation_bounds(cfg)
-    if mc.estimator == "pilot" and n_min < mc.pilot_m:
-        raise ValueError(f"alloc.n_min={n_min} is below method.pilot_m={mc.pilot_m}: pilots are part of every group")
-    if n_min < 2 or not n_min <= cfg.n0 <= n_max:
-        raise ValueError(
-            f"infeasible budget: {cfg.train.batch_size} x n0={cfg.n0} rollouts with {n_min} <= n_i <= {n_max} "
-            "(need 2 <= n_min <= n0 <= n_max; pilots count toward the budget)"
-        )
+class Task(Protocol):
+    """What a language-model study provides to the loop.
 
-
-def collect(cfg, method: Method, task, engine, ids, prompts, history, generator):
-    """p_hat, allocation and the step's rollouts (grouped by prompt, pilots first). Returns (rollouts, info)."""
-    mc, batch = cfg.method, len(prompts)
-    n_min, n_max, delta = allocation_bounds(cfg)
-    gen = engine.generate
-    p_hat = tau = None
-    parts = []
-    if mc.estimator == "pilot":  # pilots are the first m rollouts of each group and count toward the budget
-        pilots = gen(prompts, np.full(batch, mc.pilot_m), cfg.max_new_tokens, generator)
-        parts.append(pilots)
-        p_hat = pilot_p_hat(
-            np.bincount(pilots.prompt_index.numpy(), rewards_of(task, ids, pilots), batch), mc.pilot_m, mc.p_lo, mc.p_hi
-        )
-    elif mc.estimator == "history":
-        p_hat = history.estimate(ids)
-
-    if method.allocator == "waterline":  # SERA: the same budget, scale factors (nearly) equalised
-        counts, tau = waterline(p_hat, batch * cfg.n0, n_min, n_max, delta, return_tau=True)
-    elif method.allocator == "dars_hw":  # DARS-HW: n0 each, then extra rollouts for low-accuracy prompts
-        first = gen(prompts, uniform(batch, cfg.n0), cfg.max_new_tokens, generator)
-        parts.append(first)
-        accuracy = np.bincount(first.prompt_index.numpy(), rewards_of(task, ids, first), batch) / cfg.n0
-        counts = cfg.n0 + dars_hw_extra(accuracy, cfg.n0, n_max)
-    else:
-        counts = uniform(batch, cfg.n0)
-    drawn = sum((np.bincount(p.prompt_index.numpy(), minlength=batch) for p in parts), np.zeros(batch, np.int64))
-    parts.append(gen(prompts, counts - drawn, cfg.max_new_tokens, generator))
-    rollouts = concat_rollouts(parts, task.pad_id) if len(parts) > 1 else parts[0]
-    return rollouts, SimpleNamespace(counts=counts, p_hat=p_hat, tau=tau, delta=delta)
-
-
-def rewards_of(task, ids, rollouts: Rollouts) -> np.ndarray:
-    """Binary reward of every rollout (N,)."""
-    out = np.empty(rollouts.tokens.shape[0])
-    for r in range(out.size):
-        response = rollouts.tokens[r][rollouts.mask[r].bool()].tolist()
-        out[r] = task.reward(int(ids[int(rollouts.prompt_index[r])]), response)
-    return out
-
-
-def evaluate(cfg, task, engine, generator) -> tuple[dict, dict]:
-    """Pass@K on the held-out prompts from cfg.eval.samples samples each (unbiased estimator), in chunks.
-
-    Returns (metrics, per-question record {ids, n, correct}) - the record is what paper_figures bootstraps over.
+    Prompts are token-id lists; a prompt id identifies a question (ints, stable across runs: the per-question
+    records and the historical p_hat are keyed by it). `eval_extras(name, ids, rollouts) -> {key: (Q,) values}` is
+    optional: per-question extras of an evaluation set (e.g. the maze's distinct answers), averaged into
+    `eval/<name>/<key>`.
     """
-    ids, prompts = task.eval_prompts()
-    correct = np.zeros(len(prompts), dtype=np.int64)
-    extras = []
-    per_call = max(1, cfg.eval.max_rollouts_per_call // cfg.eval.samples)
-    for start in range(0, len(prompts), per_call):
-        chunk = slice(start, start + per_call)
-        chunk_prompts = prompts[chunk]
-        rollouts = engine.generate(
-            chunk_prompts, np.full(len(chunk_prompts), cfg.eval.samples), cfg.max_new_tokens, generator
+
+    eos_id: int
+    pad_id: int
+    num_prompts: int | None  # size of a finite training set (ids in [0, num_prompts)); None: fresh prompts each step
+
+    def train_prompts(self, step: int, batch: int) -> tuple[np.ndarray, list[list[int]]]:
+        """The step's B prompts: (ids (B,), token lists)."""
+
+    def eval_sets(self) -> dict[str, tuple[np.ndarray, list[list[int]]]]:
+        """Named evaluation sets: {name: (ids (Q,), token lists)}."""
+
+    def rewards(self, ids: np.ndarray, responses: list[list[int]], truncated: np.ndarray) -> np.ndarray:
+        """Binary rewards (N,) of N responses (token lists up to and including the end token) to prompts ids (N,);
+        truncated (N,) marks responses cut at the length limit. One call scores a whole draw."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Every setting the LM loop reads, taken from the run config once (the library never sees the Hydra config)."""
+
+    seed: int
+    steps: int  # RL steps
+    batch_size: int  # B prompts a step
+    max_new_tokens: int  # response length limit
+    temperature: float  # rollout sampling temperature (the loss log-probs use the same)
+    top_p: float  # rollout nucleus sampling (1 = off)
+    lr: float  # AdamW, linear warmup then constant
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float
+    warmup_steps: int
+    grad_clip: float  # max gradient norm
+    micro_batch_rollouts: int | None  # rollouts per forward/backward (None: all of a step's at once)
+    eval_every: int
+    eval_samples: int  # samples per evaluation question
+    eval_ks: tuple[int, ...]
+    eval_temperature: float
+    eval_top_p: float
+    eval_max_rollouts_per_call: int
+    checkpoint_every: int
+    max_skipped_steps: int  # consecutive non-finite steps before the run stops
+    progress: bool
+
+    @classmethod
+    def from_config(cls, cfg) -> LoopSettings:
+        """Read and check the loop's keys; ValueError on a bad value."""
+        o, t, e = cfg.optim, cfg.train, cfg.eval
+        s = cls(
+            seed=int(cfg.seed), steps=int(t.steps), batch_size=int(t.batch_size),
+            max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature), top_p=float(cfg.top_p),
+            lr=float(o.lr), weight_decay=float(o.weight_decay), betas=tuple(float(b) for b in o.betas),
+            eps=float(o.eps), warmup_steps=int(o.warmup_steps), grad_clip=float(o.grad_clip),
+            micro_batch_rollouts=None if t.micro_batch_rollouts is None else int(t.micro_batch_rollouts),
+            eval_every=int(e.every), eval_samples=int(e.samples), eval_ks=tuple(int(k) for k in e.ks),
+            eval_temperature=float(e.temperature if e.temperature is not None else cfg.temperature),
+            eval_top_p=float(e.top_p), eval_max_rollouts_per_call=int(e.max_rollouts_per_call),
+            checkpoint_every=int(cfg.run.checkpoint_every), max_skipped_steps=int(cfg.run.max_skipped_steps),
+            progress=bool(cfg.progress),
+        )  # fmt: skip
+        for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
+            if getattr(s, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(s, name)}")
+        for name in ("temperature", "eval_temperature"):
+            if not 0 < getattr(s, name) < float("inf"):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(s, name)}")
+        if not (0 < s.top_p <= 1 and 0 < s.eval_top_p <= 1):
+            raise ValueError(f"top_p and eval.top_p must lie in (0, 1], got {s.top_p}, {s.eval_top_p}")
+        if s.micro_batch_rollouts is not None and s.micro_batch_rollouts < 1:
+            raise ValueError(f"train.micro_batch_rollouts must be >= 1 or null, got {s.micro_batch_rollouts}")
+        if len(s.betas) != 2 or not all(0 <= b < 1 for b in s.betas) or not s.eps > 0 or not s.grad_clip > 0:
+            raise ValueError(f"need optim.betas in [0, 1)^2, optim.eps > 0, optim.grad_clip > 0; got {o}")
+        if s.eval_samples < max(s.eval_ks):
+            raise ValueError(f"eval.samples={s.eval_samples} is below the largest eval.ks {max(s.eval_ks)}")
+        return s
+
+
+def score(task: Task, ids: np.ndarray, rollouts: Rollouts) -> np.ndarray:
+    """The task's rewards (N,) for every rollout, in one call: responses up to and including the end token."""
+    mask = rollouts.mask.bool()
+    responses = [row[m].tolist() for row, m in zip(rollouts.tokens, mask, strict=True)]
+    ended = ((rollouts.tokens == task.eos_id) & mask).any(dim=1).numpy()
+    return np.asarray(task.rewards(ids[rollouts.prompt_index.numpy()], responses, ~ended), dtype=np.float64)
+
+
+def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step):
+    """One RL step: collect (p_hat, allocation, rollouts, rewards), advantages and weights, loss, update.
+
+    Returns the step's metrics; a non-finite loss or gradient skips the update (train/skipped_nonfinite).
+    """
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    ids, prompts = task.train_prompts(step, ls.batch_size)
+    reward_time = 0.0
+
+    def draw(counts):  # generate, then score the whole draw in one call
+        nonlocal reward_time
+        rollouts = engine.generate(prompts, counts, ls.max_new_tokens, generator, ls.temperature, ls.top_p)
+        t = time.perf_counter()
+        rewards = score(task, ids, rollouts)
+        reward_time += time.perf_counter() - t
+        return rollouts, rewards
+
+    p_hat_source = (lambda: history.estimate(ids)) if ms.estimator == "history" else None
+    out = collect(ms, len(prompts), draw, p_hat_source)
+    rollouts = out.payloads[0] if len(out.payloads) == 1 else concat_rollouts(out.payloads, task.pad_id)
+    t_gen = time.perf_counter() - t0
+    counts, rewards = out.counts, out.rewards  # (B,), (N,) grouped by prompt, pilots first
+    adv = ADVANTAGES[ms.method.advantage](rewards, counts, **ms.adv_kwargs)
+    # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i
+    weights = multiplicity_weights(counts, ms.n0) if ms.multiplicity_correction else np.ones(rewards.size)
+    if history is not None:
+        history.update(ids, out.successes, counts)
+    live = torch.as_tensor(np.flatnonzero(adv * weights != 0))  # zero-advantage rollouts add nothing
+    metrics = {
+        "train/reward": float(rewards.mean()),
+        "alloc/rollouts": out.rollouts_trained,
+        "alloc/generated": out.rollouts_generated,
+        "alloc/budget": ms.budget(len(counts)),
+        "alloc/n_min": int(counts.min()),
+        "alloc/n_max": int(counts.max()),
+        "train/live_rollouts": int(live.numel()),
+        "train/response_tokens": float(rollouts.mask.sum(1).float().mean()),
+    }
+    if out.tau is not None:
+        metrics["alloc/tau"] = out.tau
+    if out.p_hat is not None:
+        metrics["alloc/c_min_phat"] = float(scale_factor(out.p_hat, counts, ms.delta).min())
+    optimizer.zero_grad(set_to_none=True)
+    if live.numel():
+        loss = backward_in_micro_batches(ms, ls, model, prompts, rollouts, live, adv, weights, task.pad_id, device)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), ls.grad_clip) if loss is not None else None
+        if loss is not None and torch.isfinite(grad_norm):
+            optimizer.step()
+            metrics["train/grad_norm"] = float(grad_norm)
+        else:  # never crash or corrupt the model on a bad step: skip it and say so
+            metrics["train/skipped_nonfinite"] = 1
+        if loss is not None:
+            metrics["train/loss"] = loss
+        engine.sync_weights(model)
+    metrics["time/generate_s"] = t_gen
+    metrics["time/reward_s"] = reward_time
+    metrics["time/step_s"] = time.perf_counter() - t0
+    return metrics
+
+
+def backward_in_micro_batches(ms, ls, model, prompts, rollouts, live, adv, weights, pad_id, device) -> float | None:
+    """Backpropagate the step's loss over the live rollouts, ls.micro_batch_rollouts at a time.
+
+    Every micro-batch's loss uses the step's normalisers (all rollouts, all response tokens), so the micro-batch
+    losses sum to the full-batch loss and their gradients accumulate to its gradient. Returns the loss, or None
+    (gradients cleared) when a micro-batch's loss is not finite.
+    """
+    size = ls.micro_batch_rollouts or live.numel()
+    total_rollouts, total_tokens = int(rollouts.mask.shape[0]), float(rollouts.mask.sum())
+    loss_sum = 0.0
+    for chunk in torch.split(live, size):
+        sub = rollouts.select(chunk)
+        logp = response_logprobs(model, prompts, sub, pad_id, ls.temperature)
+        loss = pg_loss(
+            logp,
+            sub.mask.to(device),
+            torch.as_tensor(adv[chunk.numpy()], device=device),  # a 1-element tensor would index as a scalar
+            torch.as_tensor(weights[chunk.numpy()], device=device),
+            ms.aggregation,
+            max_len=ls.max_new_tokens,
+            num_rollouts=total_rollouts,
+            num_tokens=total_tokens,
         )
-        rewards = rewards_of(task, ids[chunk], rollouts)
-        correct[chunk] = np.bincount(rollouts.prompt_index.numpy(), rewards, len(chunk_prompts)).astype(np.int64)
-        if hasattr(task, "eval_extras"):
-            extras.append(task.eval_extras(ids[chunk], rollouts))
-    ks = [k for k in cfg.eval.ks if k <= cfg.eval.samples]
-    passk = pass_at_k(cfg.eval.samples, correct, ks).mean(axis=0)
-    metrics = {f"eval/pass@{k}": float(v) for k, v in zip(ks, passk, strict=True)}
-    if extras:
-        for key in extras[0]:
-            metrics[key] = float(np.mean([e[key] for e in extras]))
-    return metrics, {"ids": [int(i) for i in ids], "n": int(cfg.eval.samples), "correct": correct.tolist()}
+        if not torch.isfinite(loss):
+            model.zero_grad(set_to_none=True)
+            return None
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
 
 
-def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
-    """Run (or resume) the RL loop to cfg.train.steps; returns the final evaluation metrics."""
+def evaluate(ls: LoopSettings, task: Task, engine, generator) -> tuple[dict, dict]:
+    """Pass@K on every named evaluation set from ls.eval_samples samples a question (unbiased estimator), in chunks.
+
+    Returns (metrics {eval/<set>/pass@k, eval/<set>/<extra>}, {set: per-question record {ids, n, correct}}) - the
+    records are what paper_figures bootstraps over.
+    """
+    metrics, records = {}, {}
+    ks = [k for k in ls.eval_ks if k <= ls.eval_samples]
+    per_call = max(1, ls.eval_max_rollouts_per_call // ls.eval_samples)
+    for name, (ids, prompts) in task.eval_sets().items():
+        correct = np.zeros(len(prompts), dtype=np.int64)
+        extras: dict[str, list] = {}
+        for start in range(0, len(prompts), per_call):
+            chunk = slice(start, start + per_call)
+            chunk_prompts = prompts[chunk]
+            rollouts = engine.generate(
+                chunk_prompts,
+                np.full(len(chunk_prompts), ls.eval_samples),
+                ls.max_new_tokens,
+                generator,
+                ls.eval_temperature,
+                ls.eval_top_p,
+            )
+            rewards = score(task, ids[chunk], rollouts)
+            correct[chunk] = np.bincount(rollouts.prompt_index.numpy(), rewards, len(chunk_prompts)).astype(np.int64)
+            if hasattr(task, "eval_extras"):
+                for key, values in task.eval_extras(name, ids[chunk], rollouts).items():
+                    extras.setdefault(key, []).append(np.asarray(values, dtype=np.float64))
+        passk = pass_at_k(ls.eval_samples, correct, ks).mean(axis=0)
+        metrics.update({f"eval/{name}/pass@{k}": float(v) for k, v in zip(ks, passk, strict=True)})
+        metrics.update({f"eval/{name}/{key}": float(np.concatenate(v).mean()) for key, v in extras.items()})
+        records[name] = {"ids": [int(i) for i in ids], "n": ls.eval_samples, "correct": correct.tolist()}
+    return metrics, records
+
+
+def evaluate_into(run_dir: RunDir, step: int, ls: LoopSettings, task: Task, engine, generator) -> dict:
+    """Evaluate, write each set's per-question record for `step`, and check the numbers are finite."""
+    metrics, records = evaluate(ls, task, engine, generator)
+    for name, record in records.items():
+        run_dir.write_json(eval_record_file(step, name), record)
+    check_finite_eval(metrics, step)
+    return metrics
+
+
+def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_dir: RunDir) -> dict:
+    """Run (or resume) the RL loop to ls.steps; returns the final evaluation metrics."""
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.95)
+        model.parameters(), lr=ls.lr, weight_decay=ls.weight_decay, betas=ls.betas, eps=ls.eps
     )
-    generator = torch.Generator().manual_seed(cfg.seed)
-    history = HistoricalEstimator(task.num_prompts, cfg.method.p_lo, cfg.method.p_hi) if task.num_prompts else None
-    adv_kwargs = advantage_kwargs(method, cfg.method)
+    generator = torch.Generator().manual_seed(ls.seed)
+    history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
+    skips = SkipGuard(ls.max_skipped_steps)
     start = 0
     state = run_dir.load_checkpoint()
     if state is not None:
@@ -146,79 +282,26 @@ def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
     run_dir.rewind(start - 1)  # drop records of work lost with an interruption (all of them without a checkpoint)
     final = {}
     bar = tqdm(
-        range(start, cfg.train.steps),
+        range(start, ls.steps),
         initial=start,
-        total=cfg.train.steps,
-        disable=not cfg.progress,
+        total=ls.steps,
+        disable=not ls.progress,
         desc=run_dir.path.name,
         unit="step",
         mininterval=0.1 if sys.stderr.isatty() else 5.0,
     )
     for step in bar:
-        t0 = time.perf_counter()
         for group in optimizer.param_groups:
-            group["lr"] = cfg.optim.lr * min(1.0, (step + 1) / max(1, cfg.optim.warmup_steps))
-        ids, prompts = task.train_prompts(step, cfg.train.batch_size)
-        rollouts, info = collect(cfg, method, task, engine, ids, prompts, history, generator)
-        t_gen = time.perf_counter() - t0
-        counts = info.counts
-        rewards = rewards_of(task, ids, rollouts)  # (N,)
-        adv = ADVANTAGES[method.advantage](rewards, counts, **adv_kwargs)
-        correct = cfg.method.multiplicity_correction
-        # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i
-        weights = multiplicity_weights(counts, cfg.n0) if correct else np.ones(rewards.size)
-        if history is not None:
-            history.update(ids, np.bincount(rollouts.prompt_index.numpy(), rewards, len(counts)), counts)
-        live = torch.as_tensor(np.flatnonzero(adv * weights != 0))  # zero-advantage rollouts add nothing
-        metrics = {
-            "train/reward": float(rewards.mean()),
-            "alloc/rollouts": int(counts.sum()),
-            "alloc/budget": int(len(counts) * cfg.n0),
-            "alloc/n_min": int(counts.min()),
-            "alloc/n_max": int(counts.max()),
-            "train/live_rollouts": int(live.numel()),
-            "train/response_tokens": float(rollouts.mask.sum(1).float().mean()),
-        }
-        if info.tau is not None:
-            metrics["alloc/tau"] = info.tau
-        if info.p_hat is not None:
-            metrics["alloc/c_min_phat"] = float(scale_factor(info.p_hat, counts, info.delta).min())
-        optimizer.zero_grad(set_to_none=True)
-        if live.numel():
-            sub = rollouts.select(live)
-            logp = response_logprobs(model, prompts, sub, task.pad_id, cfg.temperature)
-            loss = pg_loss(
-                logp,
-                sub.mask.to(device),
-                torch.as_tensor(adv[live], device=device),
-                torch.as_tensor(weights[live], device=device),
-                cfg.method.aggregation,
-                max_len=cfg.max_new_tokens,
-                num_rollouts=rewards.size,
-                num_tokens=float(rollouts.mask.sum()),
-            )
-            if torch.isfinite(loss):
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-                if torch.isfinite(grad_norm):
-                    optimizer.step()
-                    metrics["train/grad_norm"] = float(grad_norm)
-                else:
-                    metrics["train/skipped_nonfinite"] = 1
-                metrics["train/loss"] = loss.item()
-            else:  # never crash or corrupt the model on a bad step: skip it and say so
-                metrics["train/skipped_nonfinite"] = 1
-            engine.sync_weights(model)
-        metrics["time/generate_s"] = t_gen
-        metrics["time/step_s"] = time.perf_counter() - t0
-        is_last = step == cfg.train.steps - 1
-        if (step + 1) % cfg.eval.every == 0 or is_last:
-            final, record = evaluate(cfg, task, engine, generator)
+            group["lr"] = ls.lr * min(1.0, (step + 1) / max(1, ls.warmup_steps))
+        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step)
+        skips.record(bool(metrics.get("train/skipped_nonfinite")), step)
+        is_last = step == ls.steps - 1
+        if (step + 1) % ls.eval_every == 0 or is_last:
+            final = evaluate_into(run_dir, step + 1, ls, task, engine, generator)
             metrics.update(final)
-            run_dir.write_json(f"eval_step{step + 1}.json", record)
-            bar.set_postfix(pass1=f"{final.get('eval/pass@1', float('nan')):.3f}")
+            bar.set_postfix({k.rsplit("/", 2)[-2] + "@1": f"{v:.3f}" for k, v in final.items() if k.endswith("pass@1")})
         run_dir.log(step, metrics)
-        if (step + 1) % cfg.run.checkpoint_every == 0 and not is_last:
+        if (step + 1) % ls.checkpoint_every == 0 and not is_last:
             run_dir.save_checkpoint(
                 {
                     "step": step + 1,
@@ -228,4 +311,20 @@ def train(cfg, method: Method, task, model, engine, run_dir, device) -> dict:
                     "history": history.state_dict() if history is not None else None,
                 }
             )
+    return final
+
+
+def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads: int) -> dict:
+    """The prologue and epilogue of every LM study's RL run, called after validation: skip (or refuse) a finished
+    run, build (model, task, engine) with prepare() (which may train a base model first), hold the run directory's
+    lock while training, write DONE. Returns the final evaluation (or the finished run's summary)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    summary = finished_summary(out_dir, config)
+    if summary is not None and cfg.run.if_finished == "skip":
+        print(f"{out_dir} is finished with this config; skipping (run.if_finished=skip)")
+        return summary
+    model, task, engine = prepare()
+    with RunDir(out_dir, config, cfg.wandb) as run_dir:
+        final = train(ms, ls, task, model, engine, run_dir)
+        run_dir.finish({"step": ls.steps, "threads": threads, **final})
     return final

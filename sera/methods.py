@@ -1,12 +1,18 @@
-"""The method registry: one entry per row name of the paper's tables (STYLE.md: one name everywhere).
+"""The method registry and a run's method settings: one place for every method decision (STYLE.md).
 
-Pure data. A method is an advantage estimator (sera.advantages.ADVANTAGES), a rollout allocator, and whether
-SERA's multiplicity correction applies. Experiments look methods up here; nothing branches on method strings.
+`METHODS` has one entry per row name of the paper's tables: an advantage estimator (sera.advantages.ADVANTAGES), a
+rollout allocator (a sampler of sera.collect.SAMPLERS), whether SERA's multiplicity correction applies, and the
+method's default p_hat source. `MethodSettings.from_config` reads a run config's `method`, `n0` and `alloc` groups
+once, fills the defaults from the registry and DESIGN.md, applies every cross-field rule, and is what the library
+takes; nothing below the entry points reads the Hydra config or branches on method strings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+ESTIMATORS = ("none", "pilot", "history", "oracle")  # how p_hat is obtained (DESIGN section 3)
+AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalisation (DESIGN section 6)
 
 
 @dataclass(frozen=True)
@@ -16,8 +22,10 @@ class Method:
     name: str  # registry key = config file = run directory = table row id
     label: str  # the paper's display name
     advantage: str | None  # key of sera.advantages.ADVANTAGES; None = exact likelihood (Direct CE, no rollouts)
-    allocator: str = "uniform"  # uniform | waterline | dars_hw
+    allocator: str = "uniform"  # key of sera.collect.SAMPLERS: uniform | waterline | dars_hw
     multiplicity_correction: bool = False  # SERA: weight each rollout by n0 / n_i
+    estimator: str = "none"  # default p_hat source
+    pilot_m: int = 0  # default pilot rollouts per prompt
 
 
 METHODS = {
@@ -26,34 +34,129 @@ METHODS = {
         Method("direct_ce", "Direct CE", advantage=None, allocator="none"),
         Method("grpo", "GRPO", "grpo"),
         Method("maxrl", "MaxRL", "maxrl"),
-        Method("sera", "SERA", "maxrl", allocator="waterline", multiplicity_correction=True),
+        Method("sera", "SERA", "maxrl", "waterline", multiplicity_correction=True, estimator="pilot", pilot_m=8),
         Method("pkpo", "PKPO (T=16)", "pkpo"),
         Method("dars_hw", "DARS-HW", "grpo", allocator="dars_hw"),
     ]
 }
 
 
-def get_method(name: str) -> Method:
+def get_method(name) -> Method:
     """Look a method up by name, with a clear error for an unknown one."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     return METHODS[name]
 
 
-def allocation_bounds(cfg) -> tuple[int, int, int]:
-    """(n_min, n_max, delta) of a run config, DESIGN defaults filled in (section 2): n_min = max(2, m) with m pilots,
-    n_max = 8 n0, delta = 0 when MaxRL keeps its control variate on all-fail groups, else 1."""
-    m = cfg.method.pilot_m if cfg.method.estimator == "pilot" else 0
-    n_min = cfg.alloc.n_min if cfg.alloc.n_min is not None else max(2, m)
-    n_max = cfg.alloc.n_max if cfg.alloc.n_max is not None else 8 * cfg.n0
-    delta = cfg.alloc.delta if cfg.alloc.delta is not None else (0 if cfg.method.keep_cv_on_zero else 1)
-    return n_min, n_max, delta
+@dataclass(frozen=True)
+class Study:
+    """What a study can run: which p_hat sources it has and whether it has an exact-likelihood reference."""
+
+    name: str
+    estimators: tuple[str, ...] = ("none", "pilot", "history")
+    exact_likelihood: bool = False  # Direct CE is possible (the classifier)
+    repeated_prompts: bool = True  # prompts recur, so a historical p_hat exists
 
 
-def advantage_kwargs(method: Method, method_cfg) -> dict:
-    """Keyword arguments of the method's advantage function taken from its config (MaxRL's variant, PKPO's k)."""
-    if method.advantage == "maxrl":
-        return {"keep_cv_on_zero": method_cfg.keep_cv_on_zero}
-    if method.advantage == "pkpo":
-        return {"k": method_cfg.pkpo_k}
-    return {}
+@dataclass(frozen=True)
+class MethodSettings:
+    """A run's method settings, defaults filled in and every cross-field rule checked (DESIGN sections 1-4, 6)."""
+
+    method: Method
+    n0: int  # nominal rollouts per prompt; a step's budget is B * n0
+    estimator: str  # p_hat source: none | pilot | history | oracle
+    pilot_m: int  # pilots per prompt, reused as the first m rollouts of the group
+    p_lo: float  # p_hat clipping range
+    p_hi: float
+    n_min: int  # allocation bounds: n_min <= n_i <= n_max
+    n_max: int
+    delta: int  # exponent offset of c(p, n) = 1 - (1 - p)^(n - delta): 1, or 0 with keep_cv_on_zero
+    multiplicity_correction: bool  # SERA: every rollout of prompt i weighted by n0 / n_i
+    aggregation: str  # token-mean | seqnorm | seq-mean-token-mean
+    adv_kwargs: dict = field(default_factory=dict)  # the advantage function's options (MaxRL variant, PKPO's k)
+
+    @property
+    def is_rl(self) -> bool:
+        return self.method.advantage is not None
+
+    def budget(self, batch: int) -> int:
+        """R = B * n0 rollouts a step (DARS-HW adds to it; report its actual count)."""
+        return batch * self.n0
+
+    @classmethod
+    def from_config(cls, cfg, study: Study) -> MethodSettings:
+        """Build and validate from a run config's `method`, `n0` and `alloc` groups; ValueError on any bad value."""
+        mc = cfg.method
+        name = mc.get("name") if hasattr(mc, "get") else None
+        if name is None or str(name) == "???":
+            raise ValueError(
+                f"method=common is the shared base of the method files, not a method; choose from {', '.join(METHODS)}"
+            )
+        method = get_method(name)
+        if method.advantage is None and not study.exact_likelihood:
+            raise ValueError(f"{name} has no rollouts; the {study.name} study needs an RL method")
+        estimator = mc.estimator if mc.estimator is not None else method.estimator
+        pilot_m = mc.pilot_m if mc.pilot_m is not None else (method.pilot_m if estimator == "pilot" else 0)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")
+        if estimator not in study.estimators:
+            raise ValueError(f"method.estimator={estimator} is unavailable in {study.name}: {study.estimators}")
+        if estimator == "history" and not study.repeated_prompts:
+            raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
+        if method.allocator == "waterline" and estimator == "none":
+            raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
+        if method.allocator != "waterline" and estimator != "none":
+            raise ValueError(f"{name} allocates without p_hat: set method.estimator=none")
+        if estimator == "pilot" and pilot_m < 1:
+            raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
+        if estimator != "pilot" and pilot_m != 0:
+            raise ValueError(f"method.estimator={estimator} takes no pilots: set method.pilot_m=0")
+        if not 0 < mc.p_lo <= mc.p_hi < 1:
+            raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {mc.p_lo}, {mc.p_hi}")
+        if mc.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown method.aggregation {mc.aggregation!r}; choose from {AGGREGATIONS}")
+        correction = mc.multiplicity_correction
+        if correction is None:
+            correction = method.multiplicity_correction
+        elif correction and method.allocator in ("uniform", "none"):
+            raise ValueError(f"method.multiplicity_correction=true has no effect on {name}: every n_i = n0")
+        n0, alloc = int(cfg.n0), cfg.alloc
+        implied_delta = 0 if mc.keep_cv_on_zero else 1
+        if alloc.delta is not None and alloc.delta != implied_delta:
+            raise ValueError(
+                f"alloc.delta={alloc.delta} does not match the estimator: method.keep_cv_on_zero={mc.keep_cv_on_zero} "
+                f"gives c(p, n) = 1 - (1 - p)^(n - {implied_delta}); leave alloc.delta=null"
+            )
+        n_min = alloc.n_min if alloc.n_min is not None else max(2, pilot_m)
+        n_max = alloc.n_max if alloc.n_max is not None else 8 * n0
+        if method.advantage is not None:
+            if n_min < 2:
+                raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
+            if estimator == "pilot" and n_min < pilot_m:
+                raise ValueError(f"alloc.n_min={n_min} is below method.pilot_m={pilot_m}: pilots are in every group")
+            if not n_min <= n0 <= n_max:
+                raise ValueError(
+                    f"infeasible budget: B x n0={n0} rollouts cannot be split with {n_min} <= n_i <= {n_max} "
+                    "(need n_min <= n0 <= n_max; pilots count toward the budget)"
+                )
+            if method.advantage == "pkpo" and n0 < mc.pkpo_k:
+                raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {mc.pkpo_k})")
+        adv_kwargs = {}
+        if method.advantage == "maxrl":
+            adv_kwargs = {"keep_cv_on_zero": bool(mc.keep_cv_on_zero)}
+        elif method.advantage == "pkpo":
+            adv_kwargs = {"k": int(mc.pkpo_k)}
+        return cls(
+            method, n0, estimator, int(pilot_m), float(mc.p_lo), float(mc.p_hi), int(n_min), int(n_max),
+            implied_delta, bool(correction), str(mc.aggregation), adv_kwargs,
+        )  # fmt: skip
+
+    def variant(self, name_default_source: bool = True) -> str:
+        """Run-name suffix of the p_hat source ('-m8', '-history', '-oracle'; with name_default_source=False only
+        when it is not the registry's default), and '-mc'/'-nomc' when the correction is not the registry's."""
+        tag = {"none": "", "pilot": f"-m{self.pilot_m}", "history": "-history", "oracle": "-oracle"}[self.estimator]
+        if not name_default_source and (self.estimator, self.pilot_m) == (self.method.estimator, self.method.pilot_m):
+            tag = ""
+        if self.multiplicity_correction != self.method.multiplicity_correction:
+            tag += "-mc" if self.multiplicity_correction else "-nomc"
+        return tag

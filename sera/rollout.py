@@ -59,8 +59,21 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
     return ids, attn, (attn.cumsum(-1) - 1).clamp_min(0)
 
 
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p (nucleus) filtering of next-token probabilities (R, V): keep the smallest set of most likely tokens
+    whose mass reaches top_p, renormalised."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more likely tokens
+    sorted_probs = torch.where(before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return kept / kept.sum(-1, keepdim=True)
+
+
 class HFEngine:
-    """Sampling with a transformers causal LM (temperature T, no top-k/top-p), KV cache shared across a group."""
+    """Sampling with a transformers causal LM (temperature, optional top-p, no top-k), KV cache shared by a group.
+
+    The recorded log-probs are those of the temperature-scaled distribution before top-p filtering.
+    """
 
     def __init__(self, model, eos_id: int, pad_id: int, temperature: float = 1.0):
         self.model, self.eos_id, self.pad_id, self.temperature = model, eos_id, pad_id, temperature
@@ -70,8 +83,18 @@ class HFEngine:
         self.model = model
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], counts, max_new_tokens: int, generator: torch.Generator) -> Rollouts:
-        """counts[i] samples of prompt i (a count may be 0). Returns Rollouts grouped by prompt."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        counts,
+        max_new_tokens: int,
+        generator: torch.Generator,
+        temperature: float | None = None,
+        top_p: float = 1.0,
+    ) -> Rollouts:
+        """counts[i] samples of prompt i (a count may be 0) at `temperature` (default: the engine's) and top_p.
+        Returns Rollouts grouped by prompt."""
+        temperature = self.temperature if temperature is None else temperature
         device = next(self.model.parameters()).device
         counts = torch.as_tensor(np.asarray(counts), dtype=torch.long)
         rows = torch.repeat_interleave(torch.arange(len(prompts)), counts).to(device)  # (N,)
@@ -90,8 +113,9 @@ class HFEngine:
         logits, attn, next_pos = out.logits[rows, -1], attn[rows], pos[rows, -1] + 1
         active = torch.arange(num, device=device)  # rows still generating
         for t in range(max_new_tokens):
-            step_logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-            tok = torch.multinomial(step_logp.exp().cpu(), 1, generator=generator)[:, 0].to(device)
+            step_logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            probs = step_logp.exp() if top_p >= 1 else nucleus(step_logp.exp(), top_p)
+            tok = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
             tokens[active, t] = tok
             logprobs[active, t] = step_logp.gather(1, tok[:, None])[:, 0]
             mask[active, t] = 1
@@ -170,7 +194,15 @@ class VLLMEngine:
         self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
 
-    def generate(self, prompts: list[list[int]], counts, max_new_tokens: int, generator: torch.Generator) -> Rollouts:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        counts,
+        max_new_tokens: int,
+        generator: torch.Generator,
+        temperature: float | None = None,
+        top_p: float = 1.0,
+    ) -> Rollouts:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -180,8 +212,8 @@ class VLLMEngine:
         params = [
             SamplingParams(
                 n=int(counts[i]),
-                temperature=self.temperature,
-                top_p=1.0,
+                temperature=self.temperature if temperature is None else temperature,
+                top_p=top_p,
                 top_k=0,
                 max_tokens=max_new_tokens,
                 logprobs=0,

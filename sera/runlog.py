@@ -8,13 +8,36 @@ refused. JSONL is the truth; wandb (offline unless configured otherwise) only mi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+# The file names of a run directory: the one place both sides of the contract (the loops that write, paper_figures
+# that reads) take them from.
+CONFIG_FILE = "config.yaml"  # the resolved config
+METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": ..., "train/...": ...}
+CHECKPOINT_FILE = "checkpoint.pt"
+DONE_FILE = "DONE"  # written last; holds the final summary
+LOCK_FILE = "LOCK"  # held (flock) by the process running the run; holds its pid
+VAL_P_FILE = "val_p.npy"  # classifier: exact p of every validation image at the end, in validation-set order
+EVAL_RECORD = re.compile(r"eval_step(\d+)_(.+)\.json")  # LM studies: one per-question record per evaluation set
+ALLOC_SNAPSHOT = re.compile(r"alloc_step(\d+)\.npz")  # classifier: one batch's p_exact, p_hat, counts
+
+
+def eval_record_file(step: int, eval_set: str) -> str:
+    """Per-question record of one evaluation set at one step: {"ids": [...], "n": samples, "correct": [...]}."""
+    return f"eval_step{step}_{eval_set}.json"
+
+
+def alloc_snapshot_file(step: int) -> str:
+    return f"alloc_step{step}.npz"
+
 
 # Keys that may differ between an interrupted run and its resumption without changing its results.
 RESUME_IGNORED_KEYS = ("threads", "wandb", "progress", "run")
@@ -24,17 +47,36 @@ class RunExistsError(RuntimeError):
     """The run directory holds a finished run, or an unfinished run with another config."""
 
 
+class RunLockedError(RuntimeError):
+    """Another live process is running this run directory."""
+
+
+class CorruptRunError(RuntimeError):
+    """A file of the run directory cannot be read back; the message says which and what to do."""
+
+
 def check_same_config(path: Path, config: dict) -> None:
-    """Raise RunExistsError when `path` already holds a run with a config that differs in a result-changing key."""
-    config_file = Path(path) / "config.yaml"
+    """Raise RunExistsError when `path` already holds a run with a config that differs in a result-changing key,
+    or holds run state (metrics, checkpoint) without the config that produced it."""
+    path = Path(path)
+    config_file = path / CONFIG_FILE
     if not config_file.exists():
+        orphans = [name for name in (METRICS_FILE, CHECKPOINT_FILE, DONE_FILE) if (path / name).exists()]
+        if orphans:
+            raise RunExistsError(
+                f"{path} holds {', '.join(orphans)} but no {CONFIG_FILE}, so the config that produced them is unknown "
+                f"and resuming could mix two configs; delete the directory to start over (or restore {CONFIG_FILE})."
+            )
         return
     previous = yaml.safe_load(config_file.read_text())
+    if not isinstance(previous, dict):
+        raise RunExistsError(f"{config_file} is empty or corrupt; delete {path} to start over.")
     changed = sorted(
         k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
     )
-    if changed:
-        state = "a finished" if (Path(path) / "DONE").exists() else "an unfinished"
+    started = any((path / name).exists() for name in (METRICS_FILE, CHECKPOINT_FILE, DONE_FILE))
+    if changed and started:  # a config.yaml alone (a run that failed at start-up) holds no work: it may be replaced
+        state = "a finished" if (path / DONE_FILE).exists() else "an unfinished"
         raise RunExistsError(
             f"{path} holds {state} run with a different config (differs in: {changed}); delete it to start over, "
             "or rerun with the original config."
@@ -44,7 +86,7 @@ def check_same_config(path: Path, config: dict) -> None:
 def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:
     """The DONE summary when `path` holds a finished run of this config; None when unfinished or absent."""
     check_same_config(Path(path), config)
-    done = Path(path) / "DONE"
+    done = Path(path) / DONE_FILE
     return json.loads(done.read_text() or "{}") if done.exists() else None
 
 
@@ -56,21 +98,60 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a kill leaves either the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _lock(path: Path):
+    """Take the run directory's exclusive lock (flock, released by the kernel when the process dies, so a lock left
+    by a dead process is simply taken over) and write our pid into it. Returns the open lock file."""
+    handle = open(path / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise RunLockedError(
+            f"{path} is being run by another process (pid {owner}); wait for it to finish or stop it first."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 class RunDir:
-    """One run's directory. `RunDir(path, config)` creates it, or reopens an unfinished run for resume."""
+    """One run's directory. `RunDir(path, config)` creates it, or reopens an unfinished run for resume.
+
+    The process holds the directory's lock from opening to `finish` / `close` (use it as a context manager): a
+    second process on the same directory gets RunLockedError instead of interleaving its records.
+    """
 
     def __init__(self, path: str | os.PathLike, config: dict, wandb_cfg: dict | None = None):
         self.path = Path(path)
-        if finished_summary(self.path, config) is not None:
-            raise RunExistsError(
-                f"{self.path} holds a finished run (DONE exists); refusing to overwrite it. "
-                "Delete the directory or choose another run name or seed."
-            )
-        self.resumed = (self.path / "config.yaml").exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        self.metrics_file = self.path / "metrics.jsonl"
-        self.checkpoint_file = self.path / "checkpoint.pt"
+        self._lock = _lock(self.path)
+        try:
+            if finished_summary(self.path, config) is not None:
+                raise RunExistsError(
+                    f"{self.path} holds a finished run (DONE exists); refusing to overwrite it. "
+                    "Delete the directory or choose another run name or seed."
+                )
+        except Exception:
+            self.close()
+            raise
+        self.resumed = (self.path / CONFIG_FILE).exists()
+        _atomic_write(self.path / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
+        self.metrics_file = self.path / METRICS_FILE
+        self.checkpoint_file = self.path / CHECKPOINT_FILE
         self._wandb = None
         if wandb_cfg and wandb_cfg.get("enabled"):
             import wandb
@@ -85,6 +166,18 @@ class RunDir:
                 id=self.path.name,
             )
 
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
     def log(self, step: int, metrics: dict) -> None:
         """Append one JSONL record {"step": step, **metrics} and mirror it to wandb."""
         record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
@@ -94,12 +187,34 @@ class RunDir:
             self._wandb.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=int(step))
 
     def rewind(self, step: int) -> None:
-        """Drop JSONL records logged after `step` (work lost with an interruption, redone on resume)."""
+        """Drop JSONL records logged after `step` (work lost with an interruption, redone on resume).
+
+        A kill can tear the file's last line; that line lies past the last checkpoint, so it is dropped with a
+        message. A corrupt line anywhere else is an error naming the file and line. The file is rewritten
+        atomically, so a kill during the rewind loses nothing.
+        """
         if not self.metrics_file.exists():
             return
-        lines = self.metrics_file.read_text().splitlines()
-        keep = [line for line in lines if line.strip() and json.loads(line).get("step", -1) <= step]
-        self.metrics_file.write_text("".join(line + "\n" for line in keep))
+        lines = self.metrics_file.read_bytes().split(b"\n")
+        while lines and not lines[-1].strip():
+            lines.pop()
+        keep = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or "step" not in record:
+                    raise ValueError("not a JSON object with a 'step'")
+            except ValueError as err:
+                if number == len(lines):
+                    print(f"{self.metrics_file}:{number}: torn last line dropped (an interrupted write)")
+                    continue
+                raise CorruptRunError(
+                    f"{self.metrics_file}:{number}: corrupt record ({err}) before the last checkpoint; fix or delete "
+                    f"that line, or delete {self.path} to start over"
+                ) from None
+            if record["step"] <= step:
+                keep.append(line.decode() + "\n")
+        _atomic_write(self.metrics_file, "".join(keep))
 
     def save_checkpoint(self, state: dict) -> None:
         """Write the checkpoint atomically (temp file, then rename), so a kill never leaves a torn one."""
@@ -110,21 +225,54 @@ class RunDir:
         os.replace(tmp, self.checkpoint_file)
 
     def load_checkpoint(self) -> dict | None:
-        """The last checkpoint, or None when the run has none."""
+        """The last checkpoint, or None when the run has none. CorruptRunError when it cannot be read."""
         if not self.checkpoint_file.exists():
             return None
         import torch
 
-        return torch.load(self.checkpoint_file, map_location="cpu", weights_only=False)
+        try:
+            return torch.load(self.checkpoint_file, map_location="cpu", weights_only=False)
+        except Exception as err:
+            raise CorruptRunError(
+                f"{self.checkpoint_file} cannot be read ({type(err).__name__}: {err}). Delete it to restart this run "
+                f"from its first step, or delete {self.path} to start over."
+            ) from None
 
     def write_json(self, name: str, obj: Any) -> None:
-        (self.path / name).write_text(json.dumps(obj, indent=1, default=_jsonable))
+        _atomic_write(self.path / name, json.dumps(obj, indent=1, default=_jsonable))
 
     def finish(self, summary: dict | None = None) -> None:
-        """Mark the run finished: DONE is written last and holds the final summary."""
+        """Mark the run finished: DONE is written last and holds the final summary; the lock is released."""
         if self._wandb is not None:
             self._wandb.finish()
-        (self.path / "DONE").write_text(json.dumps(summary or {}, default=_jsonable) + "\n")
+        _atomic_write(self.path / DONE_FILE, json.dumps(summary or {}, default=_jsonable) + "\n")
+        self.close()
+
+
+class NonFiniteError(RuntimeError):
+    """Training or evaluation produced non-finite numbers; the run stops without DONE."""
+
+
+class SkipGuard:
+    """Counts consecutive skipped (non-finite) steps and stops the run after `limit` of them."""
+
+    def __init__(self, limit: int):
+        self.limit, self.consecutive = limit, 0
+
+    def record(self, skipped: bool, step: int) -> None:
+        self.consecutive = self.consecutive + 1 if skipped else 0
+        if self.consecutive >= self.limit:
+            raise NonFiniteError(
+                f"{self.consecutive} consecutive steps up to step {step} had a non-finite loss or gradient and were "
+                "skipped (run.max_skipped_steps); the run stops without DONE. Check the learning rate and settings."
+            )
+
+
+def check_finite_eval(metrics: dict, step: int) -> None:
+    """Raise NonFiniteError when an evaluation metric is NaN or infinite."""
+    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        raise NonFiniteError(f"non-finite evaluation at step {step}: {bad}; the run stops without DONE")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

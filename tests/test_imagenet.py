@@ -16,7 +16,7 @@ from experiments.imagenet import train
 from experiments.imagenet.sampling import RowSampler
 from sera.allocation import scale_factor
 from sera.estimation import HistoricalEstimator
-from sera.methods import get_method
+from sera.methods import MethodSettings, get_method
 from sera.runlog import RunExistsError, read_jsonl
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
@@ -64,9 +64,9 @@ def test_sampler_rejects_bad_counts():
         sampler.sample(np.array([1, 2]), torch.Generator())
 
 
-def spec(name, estimator="none", pilot_m=0, n0=6, n_max=48) -> train.RolloutSpec:
+def spec(name, estimator="none", pilot_m=0, n0=6, n_max=48) -> MethodSettings:
     method = get_method(name)
-    return train.RolloutSpec(
+    return MethodSettings(
         method, n0, estimator, pilot_m, 0.01, 0.99, max(2, pilot_m), n_max, 1,
         method.multiplicity_correction, "token-mean", {},
     )  # fmt: skip
@@ -104,9 +104,11 @@ def test_pilots_are_the_first_rollouts_of_each_group():
     probs = torch.softmax(2 * torch.randn(8, 50, generator=torch.Generator().manual_seed(0)), -1)
     y = probs.argmax(1).numpy()  # likely labels, so the pilots see successes and failures
     run = spec("sera", estimator="pilot", pilot_m=3, n0=10, n_max=80)
-    rows, labels, counts, p_hat, _ = train.draw_rollouts(
+    rows, labels, out = train.draw_rollouts(
         run, probs, None, torch.arange(8), y, None, torch.Generator().manual_seed(5)
     )
+    counts, p_hat = out.counts, out.p_hat
+    assert out.rollouts_generated == out.rollouts_trained == 80  # pilots count toward the budget, drawn once
     _, pilots = RowSampler(probs).sample(np.full(8, 3), torch.Generator().manual_seed(5))  # the same first draws
     first = np.cumsum(counts) - counts
     assert counts.sum() == 80 and counts.min() >= 3 and np.array_equal(np.bincount(rows), counts)
@@ -115,7 +117,7 @@ def test_pilots_are_the_first_rollouts_of_each_group():
     assert np.array_equal(p_hat, np.clip(successes / 3, 0.01, 0.99))
 
 
-@pytest.mark.parametrize("method", ["direct_ce", "grpo", "maxrl", "sera", "pkpo"])
+@pytest.mark.parametrize("method", ["direct_ce", "grpo", "maxrl", "sera", "pkpo", "dars_hw"])
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "cpu_scratch", "paper"])
 def test_every_config_composes_and_validates(method, scale):
     cfg = cfg_for(f"method={method}", f"scale=imagenet/{scale}")
@@ -123,7 +125,7 @@ def test_every_config_composes_and_validates(method, scale):
         with pytest.raises(ValueError, match="data.root"):
             train.validate(cfg)
     else:
-        assert train.validate(cfg).name == method
+        assert train.validate(cfg).method.name == method
 
 
 @pytest.mark.parametrize(
@@ -134,8 +136,21 @@ def test_every_config_composes_and_validates(method, scale):
         (["method=sera", "method.pilot_m=32"], ValueError, "infeasible budget"),
         (["method=sera", "method.estimator=bogus"], ValueError, "unknown method.estimator"),
         (["method=sera", "method.estimator=none"], ValueError, "needs a p_hat estimator"),
-        (["method=sera", "method.estimator=history"], ValueError, "pilot_m=0"),
-        (["method=dars_hw"], ValueError, "language-model loop"),
+        (["method=sera", "method.estimator=history", "method.pilot_m=4"], ValueError, "pilot_m=0"),
+        (["method=maxrl", "method.multiplicity_correction=true"], ValueError, "no effect"),
+        (["method=sera", "alloc.delta=0"], ValueError, "keep_cv_on_zero"),
+        (["method=sera", "method.pilot_m=4", "alloc.n_min=2"], ValueError, "below method.pilot_m"),
+        (["method=common"], ValueError, "not a method"),
+        (["method=direct_ce", "train.steps=0"], ValueError, "train.steps"),
+        (["run.checkpoint_every=0"], ValueError, "checkpoint_every"),
+        (["eval.every=0"], ValueError, "eval.every"),
+        (["eval.ks=[]"], ValueError, "eval.ks"),
+        (["threads=foo"], ValueError, "threads"),
+        (["seed=-1"], ValueError, "seed"),
+        (["device=tpu"], ValueError, "unknown device"),
+        (["optim.lr=nan"], ValueError, "optim.lr"),
+        (["optim.name=sgd", "optim.lr=-inf"], ValueError, "optim.lr"),
+        (["run.max_skipped_steps=0"], ValueError, "max_skipped_steps"),
         (["data.name=imagenet", "data.root=/nonexistent/imagenet"], FileNotFoundError, "does not exist"),
         (["data.name=mnist"], ValueError, "unknown data.name"),
         (["method=maxrl", "train.steps=50"], ValueError, "no RL steps"),

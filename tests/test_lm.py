@@ -12,10 +12,11 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sera.lm_loop import collect, evaluate, train
-from sera.methods import get_method
+from sera.collect import collect
+from sera.lm_loop import LoopSettings, evaluate, score, train
+from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, concat_rollouts, response_logprobs
-from sera.runlog import RunDir, read_jsonl
+from sera.runlog import NonFiniteError, RunDir, read_jsonl
 
 EOS, PAD = 9, 0
 
@@ -80,7 +81,8 @@ def test_concat_rollouts_groups_pilots_first():
 
 
 class ToyTask:
-    """Reward 1 iff the first response token is 3 (a random tiny model does this ~1/10 of the time)."""
+    """The example of a task: reward 1 iff the first response token is 3 (a random tiny model does this ~1/10 of the
+    time). Four training prompts that recur (so the historical p_hat works), two named evaluation sets."""
 
     eos_id, pad_id, num_prompts = EOS, PAD, 4
 
@@ -88,14 +90,14 @@ class ToyTask:
         ids = np.arange(batch) % self.num_prompts
         return ids, [[1, 2 + int(i)] for i in ids]
 
-    def eval_prompts(self):
-        return np.arange(2), [[1, 2], [1, 3]]
+    def eval_sets(self):
+        return {"pair": (np.arange(2), [[1, 2], [1, 3]]), "single": (np.array([7]), [[1, 4, 5]])}
 
-    def reward(self, prompt_id, response):
-        return float(len(response) > 0 and response[0] == 3)
+    def rewards(self, ids, responses, truncated):
+        return np.array([float(len(r) > 0 and r[0] == 3) for r in responses])
 
 
-def loop_cfg(tmp_path, method="sera", estimator="pilot", m=2, aggregation="token-mean", steps=4):
+def loop_cfg(method="sera", estimator="pilot", m=2, aggregation="token-mean", steps=4, micro=None):
     return OmegaConf.create(
         {
             "seed": 0,
@@ -103,24 +105,44 @@ def loop_cfg(tmp_path, method="sera", estimator="pilot", m=2, aggregation="token
             "max_new_tokens": 4,
             "progress": False,
             "temperature": 1.0,
+            "top_p": 1.0,
             "method": {
                 "name": method,
                 "estimator": estimator,
                 "pilot_m": m,
                 "p_lo": 1 / 16,
                 "p_hi": 15 / 16,
-                "multiplicity_correction": method == "sera",
+                "multiplicity_correction": None,
                 "keep_cv_on_zero": False,
                 "pkpo_k": 4,
                 "aggregation": aggregation,
             },
             "alloc": {"n_min": None, "n_max": None, "delta": None},
-            "optim": {"lr": 1e-2, "weight_decay": 0.0, "warmup_steps": 1, "grad_clip": 1.0},
-            "train": {"batch_size": 4, "steps": steps},
-            "eval": {"every": 2, "samples": 8, "ks": [1, 2, 8], "max_rollouts_per_call": 64},
-            "run": {"checkpoint_every": 2},
+            "optim": {
+                "lr": 1e-2, "weight_decay": 0.0, "betas": [0.9, 0.95], "eps": 1e-8, "warmup_steps": 1, "grad_clip": 1.0
+            },
+            "train": {"batch_size": 4, "steps": steps, "micro_batch_rollouts": micro},
+            "eval": {
+                "every": 2, "samples": 8, "ks": [1, 2, 8], "max_rollouts_per_call": 64, "temperature": None,
+                "top_p": 1.0,
+            },
+            "run": {"checkpoint_every": 2, "max_skipped_steps": 3},
         }
-    )
+    )  # fmt: skip
+
+
+def settings(cfg):
+    return MethodSettings.from_config(cfg, Study("toy")), LoopSettings.from_config(cfg)
+
+
+def run_toy(cfg, path, model=None):
+    """Train the toy task into run directory `path`; returns (final metrics, records without time/ keys)."""
+    model = model or tiny_model()
+    ms, ls = settings(cfg)
+    with RunDir(path, {"method": cfg.method.name}) as run_dir:
+        final = train(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), run_dir)
+        records = read_jsonl(run_dir.metrics_file)
+    return final, [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
 
 @pytest.mark.parametrize(
@@ -135,54 +157,97 @@ def loop_cfg(tmp_path, method="sera", estimator="pilot", m=2, aggregation="token
     ],
 )
 def test_lm_loop_trains_and_logs(tmp_path, method, estimator, m, aggregation):
-    cfg = loop_cfg(tmp_path, method, estimator, m, aggregation)
+    cfg = loop_cfg(method, estimator, m, aggregation)
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
-    run_dir = RunDir(tmp_path / "run", {"method": method})
-    final = train(cfg, get_method(method), ToyTask(), model, HFEngine(model, EOS, PAD), run_dir, "cpu")
-    records = read_jsonl(run_dir.metrics_file)
+    final, records = run_toy(cfg, tmp_path / "run", model)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
-    assert 0 <= final["eval/pass@1"] <= final["eval/pass@8"] <= 1
+    assert 0 <= final["eval/pair/pass@1"] <= final["eval/pair/pass@8"] <= 1 and "eval/single/pass@8" in final
     assert any(r["train/live_rollouts"] > 0 for r in records)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     if method == "dars_hw":
-        assert all(r["alloc/rollouts"] >= r["alloc/budget"] for r in records)  # it adds rollouts: reported
+        assert all(r["alloc/rollouts"] == r["alloc/generated"] >= r["alloc/budget"] for r in records)  # reported
     else:
-        assert all(r["alloc/rollouts"] == r["alloc/budget"] == 32 for r in records)
-    record = json.loads((run_dir.path / "eval_step4.json").read_text())
-    assert record["n"] == 8 and len(record["correct"]) == 2
+        assert all(r["alloc/rollouts"] == r["alloc/generated"] == r["alloc/budget"] == 32 for r in records)
+    for name, size in [("pair", 2), ("single", 1)]:  # every named evaluation set has its own per-question record
+        record = json.loads((tmp_path / "run" / f"eval_step4_{name}.json").read_text())
+        assert record["n"] == 8 and len(record["correct"]) == size
+
+
+def draw_for(task, engine, prompts, ids, gen, max_new_tokens=4):
+    def draw(counts):
+        rollouts = engine.generate(prompts, counts, max_new_tokens, gen)
+        return rollouts, score(task, ids, rollouts)
+
+    return draw
 
 
 def test_collect_reuses_pilots_inside_the_budget():
-    cfg = loop_cfg(None)
-    model = tiny_model()
-    task, gen = ToyTask(), torch.Generator().manual_seed(0)
+    """The LM path: pilots are the first m rollouts of each group, their rewards are the ones that set p_hat and
+    they enter the step's rewards; the budget (pilots included) is spent exactly, each rollout scored once."""
+    ms, _ = settings(loop_cfg())
+    task, model = ToyTask(), tiny_model()
     ids, prompts = task.train_prompts(0, 4)
-    rollouts, info = collect(cfg, get_method("sera"), task, HFEngine(model, EOS, PAD), ids, prompts, None, gen)
-    assert rollouts.counts.tolist() == info.counts.tolist() and info.counts.sum() == 32
-    assert info.counts.min() >= 2 and info.p_hat is not None and 0 < info.tau < 1
+    calls = []
+    draw = draw_for(task, HFEngine(model, EOS, PAD), prompts, ids, torch.Generator().manual_seed(0))
+    out = collect(ms, 4, lambda counts: calls.append(counts.copy()) or draw(counts))
+    pilots = draw_for(task, HFEngine(model, EOS, PAD), prompts, ids, torch.Generator().manual_seed(0))(np.full(4, 2))
+    assert calls[0].tolist() == [2, 2, 2, 2] and sum(c.sum() for c in calls) == out.rollouts_generated == 32
+    assert out.counts.sum() == 32 and out.counts.min() >= 2 and 0 < out.tau < 1
+    first = np.cumsum(out.counts) - out.counts
+    np.testing.assert_array_equal(out.rewards[first[:, None] + np.arange(2)].ravel(), pilots[1])  # pilots first
+    np.testing.assert_allclose(out.p_hat, np.clip(pilots[1].reshape(4, 2).mean(1), 1 / 16, 15 / 16))
+    merged = concat_rollouts(out.payloads, PAD)
+    torch.testing.assert_close(merged.tokens[first[:, None] + np.arange(2)].reshape(8, -1), pilots[0].tokens)
+    np.testing.assert_array_equal(score(task, ids, merged), out.rewards)  # rewards line up with the rollouts
 
 
-def test_nonfinite_loss_skips_the_step(tmp_path, monkeypatch):
+def test_micro_batched_gradient_equals_full_batch(tmp_path):
+    """Micro-batches of 3 rollouts accumulate to the gradient of one full-batch step, for both aggregations."""
+    from sera.lm_loop import rl_step
+
+    for aggregation in ("token-mean", "seqnorm"):
+        grads = []
+        for micro in (None, 3):
+            ms, ls = settings(loop_cfg("maxrl", "none", 0, aggregation, micro=micro))
+            model = tiny_model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.0)
+            engine = HFEngine(model, EOS, PAD)
+            metrics = rl_step(ms, ls, ToyTask(), model, engine, opt, None, torch.Generator().manual_seed(3), 0)
+            assert metrics["train/live_rollouts"] > 3  # more than one micro-batch
+            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
+
+
+def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
     import sera.lm_loop as loop
 
     monkeypatch.setattr(loop, "pg_loss", lambda *a, **k: torch.tensor(float("nan"), requires_grad=True))
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = loop_cfg(tmp_path, "grpo", "none", 0, steps=2)
-    run_dir = RunDir(tmp_path / "run", {})
-    train(cfg, get_method("grpo"), ToyTask(), model, HFEngine(model, EOS, PAD), run_dir, "cpu")
-    records = read_jsonl(run_dir.metrics_file)
-    assert any(r.get("train/skipped_nonfinite") for r in records)
+    with pytest.raises(NonFiniteError, match="3 consecutive steps"):
+        run_toy(loop_cfg("grpo", "none", 0, steps=6), tmp_path / "run", model)
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r.get("train/skipped_nonfinite") for r in records] == [1, 1]  # the third raised before its record
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not (tmp_path / "run" / "DONE").exists()
 
 
 def test_evaluate_counts_correct_per_question():
-    cfg = loop_cfg(None)
-    task = ToyTask()
-    metrics, record = evaluate(cfg, task, HFEngine(tiny_model(), EOS, PAD), torch.Generator().manual_seed(0))
-    assert record["ids"] == [0, 1] and all(0 <= c <= 8 for c in record["correct"])
-    assert metrics["eval/pass@8"] == pytest.approx(np.mean([c > 0 for c in record["correct"]]))
+    _, ls = settings(loop_cfg())
+    metrics, records = evaluate(ls, ToyTask(), HFEngine(tiny_model(), EOS, PAD), torch.Generator().manual_seed(0))
+    assert records["pair"]["ids"] == [0, 1] and all(0 <= c <= 8 for c in records["pair"]["correct"])
+    assert metrics["eval/pair/pass@8"] == pytest.approx(np.mean([c > 0 for c in records["pair"]["correct"]]))
+    assert records["single"]["ids"] == [7]
+
+
+def test_top_p_keeps_the_nucleus():
+    from sera.rollout import nucleus
+
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    torch.testing.assert_close(nucleus(probs, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    torch.testing.assert_close(nucleus(probs, 0.5), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(nucleus(probs, 1.0), probs)
 
 
 def test_vllm_engine_where_vllm_imports(tmp_path):
@@ -218,14 +283,16 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
         "experiments.maze.train",
         "--multirun",
         "scale=maze/smoke",
-        "method=sera,maxrl",
+        "method=sera",
         "method.pilot_m=2",
         "method.aggregation=token-mean,seqnorm",
         f"run.root={tmp_path}",
         "threads=1",
     ]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
-    others = [*cmd[:4], "scale=maze/smoke", "method=grpo,dars_hw,pkpo", "method.pkpo_k=4", *cmd[-2:]]
+    others = [*cmd[:5], "method=maxrl", "method.aggregation=token-mean,seqnorm", *cmd[-2:]]
+    subprocess.run(others, env=env, check=True, capture_output=True)
+    others = [*cmd[:5], "method=grpo,dars_hw,pkpo", "method.pkpo_k=4", *cmd[-2:]]
     subprocess.run(others, env=env, check=True, capture_output=True)  # every registry method once
     root = tmp_path / "maze-smoke"
     assert sorted(p.name for p in root.iterdir()) == [
@@ -235,16 +302,16 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
         "maxrl-seqnorm_n0-8_seed-0",
         "maxrl-token-mean_n0-8_seed-0",
         "pkpo-token-mean_n0-8_seed-0",
-        "sera-seqnorm_n0-8_seed-0",
-        "sera-token-mean_n0-8_seed-0",
+        "sera-m2-seqnorm_n0-8_seed-0",
+        "sera-m2-token-mean_n0-8_seed-0",
     ]
     assert (root / "base_seed-0" / "model.safetensors").exists() and (root / "base_seed-0" / "DONE").exists()
     base = read_jsonl(root / "base_seed-0" / "metrics.jsonl")[-1]
-    assert "eval/pass@1" in base and "eval/best_fixed_answer_rate" in base
+    assert "eval/heldout/pass@1" in base and "eval/best_fixed_answer_rate" in base
     for run in [p for p in root.glob("*_seed-0") if not p.name.startswith("base")]:
         records = read_jsonl(run / "metrics.jsonl")
         assert [r["step"] for r in records] == [0, 1, 2, 3] and (run / "DONE").exists()
-        assert "eval/distinct_answers" in records[-1]
+        assert "eval/heldout/distinct_answers" in records[-1]
 
 
 def test_maze_bad_input(tmp_path):
@@ -264,25 +331,33 @@ def test_maze_bad_input(tmp_path):
             (["method=dars_hw", "method.estimator=pilot", "method.pilot_m=4"], "without p_hat"),
             (["method=sera", "alloc.n_min=4"], "below method.pilot_m"),
             (["scale=maze/smoke", "method=sera", "method.pilot_m=16"], "infeasible budget"),
+            (["temperature=0"], "temperature must be"),
+            (["eval.temperature=-1"], "eval_temperature must be"),
+            (["top_p=0"], "top_p"),
+            (["train.batch_size=0"], "batch_size must be"),
+            (["train.micro_batch_rollouts=0"], "micro_batch_rollouts"),
+            (["eval.ks=[]"], "eval.ks"),
+            (["eval.every=0"], "eval.every"),
+            (["run.checkpoint_every=0"], "checkpoint_every"),
+            (["threads=foo"], "threads"),
+            (["seed=-1"], "seed"),
+            (["method=common"], "not a method"),
+            (["device=tpu"], "unknown device"),
+            (["optim.lr=nan"], "optim.lr"),
+            (["optim.lr=inf"], "optim.lr"),
+            (["sft.steps=0"], "sft.steps"),
         ]:
             cfg = compose("maze", overrides=overrides)
             if match is None:
-                assert validate(cfg).name == "sera"
+                assert validate(cfg)[0].method.name == "sera"
             else:
                 with pytest.raises((ValueError, FileNotFoundError), match=match):
                     validate(cfg)
 
 
 def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch):
-    cfg = loop_cfg(tmp_path, "sera", "pilot", 2, steps=4)
-
-    def run(root):
-        model = tiny_model()
-        run_dir = RunDir(root, {"method": "sera"})
-        train(cfg, get_method("sera"), ToyTask(), model, HFEngine(model, EOS, PAD), run_dir, "cpu")
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run_dir.metrics_file)]
-
-    reference = run(tmp_path / "a")
+    cfg = loop_cfg("sera", "pilot", 2, steps=4)
+    _, reference = run_toy(cfg, tmp_path / "a")
     original = RunDir.log
 
     def crash_at_step_3(self, step, metrics):
@@ -292,6 +367,6 @@ def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch):
 
     monkeypatch.setattr(RunDir, "log", crash_at_step_3)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "b")
+        run_toy(cfg, tmp_path / "b")
     monkeypatch.setattr(RunDir, "log", original)
-    assert run(tmp_path / "b") == reference  # resumed from the checkpoint written after step 1
+    assert run_toy(cfg, tmp_path / "b")[1] == reference  # resumed from the checkpoint written after step 1

@@ -38,13 +38,16 @@ def test_rundir_refuses_finished_and_different_and_resumes(tmp_path):
     for step in range(5):
         run.log(step, {"train/reward": step / 10, "eval/nan": float("nan")})
     run.save_checkpoint({"step": 2})
+    run.close()
     again = RunDir(tmp_path / "r", {**cfg, "threads": 2})  # threads may change on resume
     assert again.resumed and again.load_checkpoint() == {"step": 2}
     again.rewind(2)
     assert [r["step"] for r in read_jsonl(again.metrics_file)] == [0, 1, 2]
     assert read_jsonl(again.metrics_file)[0]["eval/nan"] is None
+    again.close()
     with pytest.raises(RunExistsError, match="different config"):
         RunDir(tmp_path / "r", {**cfg, "n0": 128})
+    again = RunDir(tmp_path / "r", cfg)
     again.finish({"final": 1})
     assert json.loads((tmp_path / "r" / "DONE").read_text()) == {"final": 1}
     with pytest.raises(RunExistsError, match="finished run"):

@@ -17,7 +17,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,142 +40,79 @@ from experiments.imagenet.data import (
 from experiments.imagenet.model import build_model
 from experiments.imagenet.sampling import RowSampler
 from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
-from sera.allocation import scale_factor, uniform, waterline
-from sera.estimation import HistoricalEstimator, pilot_p_hat
+from sera.allocation import scale_factor
+from sera.collect import collect
+from sera.config import check_group_choices, check_optim, check_run_settings
+from sera.estimation import HistoricalEstimator
 from sera.losses import pg_loss
-from sera.methods import Method, advantage_kwargs, allocation_bounds, get_method
-from sera.runlog import RunDir, finished_summary
+from sera.methods import ESTIMATORS, MethodSettings, Study
+from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
 from sera.threads import set_torch_threads
-
-ESTIMATORS = ("none", "pilot", "history", "oracle")
-ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Configuration checks: every cross-field rule, before any work starts.
 # ---------------------------------------------------------------------------------------------------------------
-def validate(cfg) -> Method:
-    """Fail with a clear message on a malformed or infeasible config. Returns the registry's method."""
-    method = get_method(cfg.method.name)
-    mc = cfg.method
-    if mc.estimator not in ESTIMATORS:
-        raise ValueError(f"unknown method.estimator {mc.estimator!r}; choose from {ESTIMATORS}")
-    if method.allocator == "waterline" and mc.estimator == "none":
-        raise ValueError("sera needs a p_hat estimator: method.estimator=pilot|history|oracle")
-    if method.allocator == "dars_hw":
-        raise ValueError("dars_hw is run by the language-model loop (maze, math), not the classifier study")
-    if mc.estimator == "pilot" and mc.pilot_m < 1:
-        raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
-    if mc.estimator == "history" and mc.pilot_m != 0:
-        raise ValueError("method.estimator=history takes no pilots: set method.pilot_m=0")
-    if not 0 < mc.p_lo <= mc.p_hi < 1:
-        raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {mc.p_lo}, {mc.p_hi}")
-    if method.advantage == "pkpo" and cfg.n0 < mc.pkpo_k:
-        raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({cfg.n0} < {mc.pkpo_k})")
-    n_min, n_max, delta = allocation_bounds(cfg)
-    if method.advantage is not None:
-        if n_min < 2:
-            raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
-        if not n_min <= cfg.n0 <= n_max:
-            raise ValueError(
-                f"infeasible budget: batch_size * n0 = {cfg.train.batch_size * cfg.n0} rollouts cannot be split "
-                f"with {n_min} <= n_i <= {n_max} (need n_min <= n0 <= n_max; pilots count toward the budget)"
-            )
+STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True)
+ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
+
+
+def validate(cfg) -> MethodSettings:
+    """Fail with a clear message on a malformed or infeasible config, before any work. Returns the method settings."""
+    settings = MethodSettings.from_config(cfg, STUDY)
+    check_run_settings(cfg)
     if cfg.train.batch_size < 1 or cfg.train.warm_start_steps < 0:
         raise ValueError("train.batch_size must be >= 1 and train.warm_start_steps >= 0")
-    if cfg.train.epochs is None and cfg.train.steps <= cfg.train.warm_start_steps and method.advantage is not None:
+    if cfg.train.epochs is None and cfg.train.steps < 1:
+        raise ValueError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.epochs is not None and cfg.train.epochs < 1:
+        raise ValueError(f"train.epochs must be >= 1 or null, got {cfg.train.epochs}")
+    if cfg.train.epochs is None and cfg.train.steps <= cfg.train.warm_start_steps and settings.is_rl:
         raise ValueError(f"train.steps={cfg.train.steps} leaves no RL steps after {cfg.train.warm_start_steps} CE")
-    if any(k < 1 for k in cfg.eval.ks) or cfg.eval.every < 1 or cfg.eval.grad_cos_every < 1:
-        raise ValueError("eval.ks, eval.every and eval.grad_cos_every must be positive")
-    if cfg.run.if_finished not in ("error", "skip"):
-        raise ValueError(f"run.if_finished must be error or skip, got {cfg.run.if_finished!r}")
+    if cfg.eval.grad_cos_every < 1:
+        raise ValueError(f"eval.grad_cos_every must be >= 1, got {cfg.eval.grad_cos_every}")
     if cfg.data.name == "imagenet":
         check_imagenet_root(cfg.data.root)
     elif cfg.data.name != "digits1000":
         raise ValueError(f"unknown data.name {cfg.data.name!r}; choose digits1000 or imagenet")
     if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine"):
         raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine")
-    return method
+    check_optim(cfg.optim)
+    return settings
 
 
-def run_name(cfg) -> str:
+def run_name(cfg, settings: MethodSettings) -> str:
     """Directory name from the config: method (+ p_hat variant), n0, seed. Never a timestamp."""
     if cfg.run.name:
         return cfg.run.name
-    variant = {"none": "", "pilot": f"-m{cfg.method.pilot_m}", "history": "-history", "oracle": "-oracle"}
-    name = cfg.method.name + variant[cfg.method.estimator]
-    return f"{name}_n0-{cfg.n0}_seed-{cfg.seed}" if cfg.method.name != "direct_ce" else f"{name}_seed-{cfg.seed}"
+    name = settings.method.name + settings.variant()
+    return f"{name}_n0-{settings.n0}_seed-{cfg.seed}" if settings.is_rl else f"{name}_seed-{cfg.seed}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Rollouts: labels sampled from the softmax, with a different count for every image, in one flat pass.
 # ---------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RolloutSpec:
-    """A run's rollout settings, read from the config once: a config attribute costs ~50 us, and a step reads ten."""
+def draw_rollouts(settings: MethodSettings, probs, p_exact, idx, y, history, generator):
+    """p_hat, allocation, and the step's rollouts through the shared collection step (sera.collect).
 
-    method: Method
-    n0: int
-    estimator: str  # p_hat: none | pilot | history | oracle
-    pilot_m: int
-    p_lo: float
-    p_hi: float
-    n_min: int
-    n_max: int
-    delta: int
-    multiplicity_correction: bool
-    aggregation: str
-    adv_kwargs: dict
-
-    @classmethod
-    def from_config(cls, cfg, method: Method) -> RolloutSpec:
-        mc = cfg.method
-        n_min, n_max, delta = allocation_bounds(cfg)
-        return cls(
-            method, cfg.n0, mc.estimator, mc.pilot_m, mc.p_lo, mc.p_hi, n_min, n_max, delta,
-            mc.multiplicity_correction, mc.aggregation, advantage_kwargs(method, mc),
-        )  # fmt: skip
-
-
-def draw_rollouts(spec: RolloutSpec, probs, p_exact, idx, y, history, generator):
-    """p_hat, allocation, and the step's rollouts. Pilots are the first m rollouts of each group (inside the budget).
-
-    probs (B, C) torch; y (B,) numpy true labels. Returns rows (N,), labels (N,), counts (B,) (numpy), p_hat (B,) or
-    None, tau or None.
+    probs (B, C) torch; y (B,) numpy true labels. Returns (rows (N,), labels (N,), Collected), grouped by image with
+    each image's pilots first.
     """
-    batch = probs.shape[0]
     sampler = RowSampler(probs)
-    pilot_labels = None
-    if spec.estimator == "pilot":
-        _, pilot_labels = sampler.sample(np.full(batch, spec.pilot_m), generator)  # (B * m,), row by row
-        successes = (pilot_labels.reshape(batch, spec.pilot_m) == y[:, None]).sum(axis=1)
-        p_hat = pilot_p_hat(successes, spec.pilot_m, spec.p_lo, spec.p_hi)
-    elif spec.estimator == "history":
-        p_hat = history.estimate(idx.numpy())
-    elif spec.estimator == "oracle":
-        p_hat = np.clip(p_exact, ORACLE_CLIP, 1 - ORACLE_CLIP)
-    else:
-        p_hat = None
 
-    tau = None
-    if spec.method.allocator == "waterline":
-        # SERA: spend the same budget so the scale factors c(p_hat_i, n_i) come out (nearly) equal
-        counts, tau = waterline(p_hat, batch * spec.n0, spec.n_min, spec.n_max, spec.delta, return_tau=True)
-    else:
-        counts = uniform(batch, spec.n0)
-
-    if pilot_labels is None:
+    def draw(counts):  # a rollout is a label sampled from the image's softmax; reward 1 iff it is the true label
         rows, labels = sampler.sample(counts, generator)
-    else:  # reuse the pilots: draw only n_i - m more; each prompt's group holds its m pilots, then its extras
-        _, extra_labels = sampler.sample(counts - spec.pilot_m, generator)
-        rows = np.repeat(np.arange(batch), counts)  # (N,)
-        is_pilot = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts) < spec.pilot_m  # (N,)
-        labels = np.empty(rows.size, dtype=np.int64)
-        labels[is_pilot], labels[~is_pilot] = pilot_labels, extra_labels
-    return rows, labels, counts, p_hat, tau
+        return labels, (labels == y[rows]).astype(np.float64)
+
+    p_hat_source = {
+        "history": lambda: history.estimate(idx.numpy()),
+        "oracle": lambda: np.clip(p_exact, ORACLE_CLIP, 1 - ORACLE_CLIP),
+    }.get(settings.estimator)
+    out = collect(settings, probs.shape[0], draw, p_hat_source)
+    labels = out.payloads[0] if out.order is None else np.concatenate(out.payloads)[out.order]
+    return out.rows, labels, out
 
 
-def rollout_loss(spec: RolloutSpec, logp, logp_true, idx, y, history, generator):
+def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, generator):
     """One RL step's loss: p_hat, allocation, rollouts, rewards, advantages, weights (DESIGN sections 1-3).
 
     logp (B, C) log-softmax with grad; logp_true (B,) log p. Returns (loss, the step's rollout data for logging).
@@ -184,11 +120,11 @@ def rollout_loss(spec: RolloutSpec, logp, logp_true, idx, y, history, generator)
     batch, classes = logp.shape
     y_np = y.cpu().numpy()
     p_exact = logp_true.detach().exp().double().cpu().numpy()
-    rows, labels, counts, p_hat, tau = draw_rollouts(spec, logp.detach().exp(), p_exact, idx, y_np, history, generator)
-    rewards = (labels == y_np[rows]).astype(np.float64)  # (N,)
-    adv = ADVANTAGES[spec.method.advantage](rewards, counts, **spec.adv_kwargs)
+    rows, labels, out = draw_rollouts(settings, logp.detach().exp(), p_exact, idx, y_np, history, generator)
+    counts, rewards = out.counts, out.rewards  # (B,), (N,)
+    adv = ADVANTAGES[settings.method.advantage](rewards, counts, **settings.adv_kwargs)
     # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so every prompt keeps its uniform weight
-    weights = multiplicity_weights(counts, spec.n0) if spec.multiplicity_correction else np.ones(rewards.size)
+    weights = multiplicity_weights(counts, settings.n0) if settings.multiplicity_correction else np.ones(rewards.size)
     # (N, 1): a classifier rollout is one token. index_select on the flat view: its backward is one index_add
     device = logp.device
     lp = logp.reshape(-1).index_select(0, torch.from_numpy(rows * classes + labels).to(device))[:, None]
@@ -197,11 +133,13 @@ def rollout_loss(spec: RolloutSpec, logp, logp_true, idx, y, history, generator)
         torch.ones_like(lp),
         torch.as_tensor(adv, device=device),
         torch.as_tensor(weights, device=device),
-        spec.aggregation,
+        settings.aggregation,
     )
-    successes = np.bincount(rows, weights=rewards, minlength=batch)
-    update_history(history, idx.numpy(), successes, counts)
-    return loss, SimpleNamespace(rewards=rewards, counts=counts, p_exact=p_exact, p_hat=p_hat, tau=tau, weights=weights)
+    update_history(history, idx.numpy(), out.successes, counts)
+    return loss, SimpleNamespace(
+        rewards=rewards, counts=counts, p_exact=p_exact, p_hat=out.p_hat, tau=out.tau, weights=weights,
+        generated=out.rollouts_generated,
+    )  # fmt: skip
 
 
 def update_history(history, idx, successes, counts) -> None:
@@ -292,8 +230,6 @@ def setup_distributed(cfg):
 def build_task(cfg, rank: int, world: int):
     """(train BatchStream, val batches callable, in_features, num_classes). Each of the world ranks takes
     batch_size / world prompts a step, so the step's batch and rollout budget match a single-process run."""
-    if cfg.train.batch_size % world:
-        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {world} processes")
     b = cfg.train.batch_size // world
     if cfg.data.name == "digits1000":
         train, val = build_digits1000(cfg.data.num_train, cfg.data.num_val, cfg.data.split_seed)
@@ -306,17 +242,27 @@ def build_task(cfg, rank: int, world: int):
 
 def run(cfg: DictConfig) -> dict:
     """Train one run to completion (or resume it) and return the final evaluation."""
-    method = validate(cfg)
-    spec = RolloutSpec.from_config(cfg, method)
+    settings = validate(cfg)
     rank, world, device = setup_distributed(cfg)
+    if cfg.train.batch_size % world:
+        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {world} processes")
     threads = set_torch_threads(cfg.threads)
     config = OmegaConf.to_container(cfg, resolve=True)
-    out_dir = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / run_name(cfg)
+    out_dir = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / run_name(cfg, settings)
     summary = finished_summary(out_dir, config)
     if summary is not None and cfg.run.if_finished == "skip":
         print(f"{out_dir} is finished with this config; skipping (run.if_finished=skip)")
         return summary
     run_dir = RunDir(out_dir, config, cfg.wandb) if rank == 0 else None
+    try:
+        return train(cfg, settings, rank, world, device, threads, run_dir)
+    finally:
+        if run_dir is not None:
+            run_dir.close()
+
+
+def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads: int, run_dir) -> dict:
+    """The training loop of one run (rank 0 holds the run directory); returns the final evaluation."""
 
     torch.manual_seed(cfg.seed + rank)
     stream, val_batches, in_features, num_classes = build_task(cfg, rank, world)
@@ -327,9 +273,10 @@ def run(cfg: DictConfig) -> dict:
         )
     params = [p for p in model.parameters() if p.requires_grad]
     total_steps = cfg.train.epochs * stream.steps_per_epoch if cfg.train.epochs else cfg.train.steps
-    rl = method.advantage is not None
+    rl = settings.is_rl
     warm = cfg.train.warm_start_steps if rl else 0  # Direct CE is one CE phase; the warm start is its prefix
-    history = HistoricalEstimator(stream.num, cfg.method.p_lo, cfg.method.p_hi)
+    history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
+    skips = SkipGuard(cfg.run.max_skipped_steps)
     sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
     optimizer = make_optimizer(cfg, params)
 
@@ -358,7 +305,7 @@ def run(cfg: DictConfig) -> dict:
         initial=start,
         total=total_steps,
         disable=not cfg.progress or rank != 0,
-        desc=run_name(cfg),
+        desc=run_name(cfg, settings),
         unit="step",
         mininterval=0.1 if sys.stderr.isatty() else 5.0,
     )
@@ -381,10 +328,10 @@ def run(cfg: DictConfig) -> dict:
         if step < warm or not rl:
             loss = ce_loss
         else:
-            loss, out = rollout_loss(spec, logp, logp_true, idx, y, history, sample_gen)
-            metrics.update(step_metrics(spec, out, loss.item()))
+            loss, out = rollout_loss(settings, logp, logp_true, idx, y, history, sample_gen)
+            metrics.update(step_metrics(settings, out, loss.item()))
             if (step - warm) % cfg.eval.grad_cos_every == 0:
-                metrics.update(gradient_alignment(spec, loss, ce_loss, logp_true, out, params))
+                metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, params))
 
         optimizer.zero_grad(set_to_none=True)
         if torch.isfinite(loss):
@@ -392,6 +339,7 @@ def run(cfg: DictConfig) -> dict:
             optimizer.step()
         else:
             metrics["train/skipped_nonfinite"] = 1
+        skips.record(not torch.isfinite(loss), step)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         metrics["time/threads"] = threads
@@ -399,12 +347,13 @@ def run(cfg: DictConfig) -> dict:
         is_last = step == total_steps - 1
         if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last):
             final, p_val = evaluate(model, val_batches, cfg.eval.ks, device)
+            check_finite_eval(final, step + 1)
             metrics.update(final)
             metrics["train/steps_per_epoch"] = stream.steps_per_epoch  # Table 3 averages over the last epoch
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
             if rl and step >= warm:  # the allocation picture: this step's p_hat, exact p and n_i per image
                 np.savez(
-                    run_dir.path / f"alloc_step{step + 1}.npz",
+                    run_dir.path / alloc_snapshot_file(step + 1),
                     p_exact=out.p_exact,
                     counts=out.counts,
                     p_hat=out.p_hat if out.p_hat is not None else np.full(len(out.counts), np.nan),
@@ -425,22 +374,22 @@ def run(cfg: DictConfig) -> dict:
                     }
                 )
     if run_dir is not None:
-        np.save(run_dir.path / "val_p.npy", p_val)
+        np.save(run_dir.path / VAL_P_FILE, p_val)
         run_dir.finish({"step": total_steps, **final})
     if world > 1:
         torch.distributed.destroy_process_group()
     return final
 
 
-def step_metrics(spec: RolloutSpec, out, loss) -> dict:
+def step_metrics(settings: MethodSettings, out, loss) -> dict:
     """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r)."""
     rewards, counts, p_exact, p_hat, tau = out.rewards, out.counts, out.p_exact, out.p_hat, out.tau
-    c = scale_factor(p_exact, counts, spec.delta)
+    c = scale_factor(p_exact, counts, settings.delta)
     m = {
         "train/reward": float(rewards.mean()),
         "train/loss": float(loss),
         "alloc/rollouts": int(counts.sum()),
-        "alloc/budget": int(len(counts) * spec.n0),
+        "alloc/budget": int(len(counts) * settings.n0),
         "alloc/n_min": int(counts.min()),
         "alloc/n_median": float(np.median(counts)),
         "alloc/n_max": int(counts.max()),
@@ -461,7 +410,7 @@ def step_metrics(spec: RolloutSpec, out, loss) -> dict:
     return m
 
 
-def gradient_alignment(spec: RolloutSpec, loss, ce_loss, logp_true, out, params) -> dict:
+def gradient_alignment(settings: MethodSettings, loss, ce_loss, logp_true, out, params) -> dict:
     """Cosine of the step's gradient, and of its expectation, to the CE (exact likelihood) gradient, same batch.
 
     The expectation given the allocation is (1/N) sum_i w_i n_i kappa(p_i, n_i) grad log p_i, with kappa from
@@ -470,7 +419,7 @@ def gradient_alignment(spec: RolloutSpec, loss, ce_loss, logp_true, out, params)
     counts, weights = out.counts, out.weights
     g_ce = flat_grad(ce_loss, params)
     g_step = flat_grad(loss, params)
-    kappa = expected_scale(spec.method.advantage, out.p_exact, counts, **spec.adv_kwargs)
+    kappa = expected_scale(settings.method.advantage, out.p_exact, counts, **settings.adv_kwargs)
     w_prompt = torch.as_tensor(weights[np.cumsum(counts) - 1] * counts * kappa / counts.sum(), dtype=logp_true.dtype)
     g_expected = flat_grad(-(w_prompt.to(logp_true.device) * logp_true).sum(), params)
     return {
@@ -480,10 +429,14 @@ def gradient_alignment(spec: RolloutSpec, loss, ce_loss, logp_true, out, params)
     }
 
 
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
 @hydra.main(version_base=None, config_path="../../configs", config_name="imagenet")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 
 
 if __name__ == "__main__":
+    check_group_choices(CONFIGS, sys.argv[1:])
     main()

@@ -32,6 +32,8 @@ MOVE_IDS = {TOKEN_TO_ID[m]: m for m in MOVES}
 START_POS = (1, 1)
 HELDOUT_SEED = 10_000
 TRAIN_SEED_OFFSET = 1_000_000
+MAX_TRAIN_MAZES = 4_000_000  # per run: keeps RL maze seeds below the SFT mazes' (5_000_000 + ...)
+RUN_SEED_SHIFT = 2**32  # run seed s > 0 draws its training mazes from s * 2**32 + ... (seed 0 keeps its mazes)
 
 
 def cells_for_grid(size: int) -> int:
@@ -173,14 +175,20 @@ def heldout_mazes(num: int, cells: int, seed: int = HELDOUT_SEED) -> list[np.nda
     return [generate_maze(cells, seed + i) for i in range(num)]
 
 
-def train_maze_seed(step: int, index: int, batch: int) -> int:
-    """Seed of training maze `index` of step `step` (batch mazes a step): TRAIN_SEED_OFFSET + step * batch + index.
+def train_maze_seed(step: int, index: int, batch: int, run_seed: int = 0) -> int:
+    """Seed of training maze `index` of step `step` (batch mazes a step) of a run with seed run_seed:
+    run_seed * 2**32 + TRAIN_SEED_OFFSET + step * batch + index.
 
-    Every training maze is fresh and, being >= TRAIN_SEED_OFFSET, never one of the held-out mazes.
+    Every training maze is fresh, differs between run seeds, and, being >= TRAIN_SEED_OFFSET, is never one of the
+    held-out mazes.
     """
-    if step < 0 or batch < 1 or not 0 <= index < batch:
-        raise ValueError(f"need step >= 0 and 0 <= index < batch, got step={step}, index={index}, batch={batch}")
-    return TRAIN_SEED_OFFSET + step * batch + index
+    if step < 0 or batch < 1 or not 0 <= index < batch or run_seed < 0:
+        raise ValueError(
+            f"need step >= 0, 0 <= index < batch and run_seed >= 0, got {step}, {index}, {batch}, {run_seed}"
+        )
+    if step * batch + index >= MAX_TRAIN_MAZES:
+        raise ValueError(f"more than {MAX_TRAIN_MAZES} training mazes in one run")
+    return run_seed * RUN_SEED_SHIFT + TRAIN_SEED_OFFSET + step * batch + index
 
 
 def best_fixed_answer_rate(mazes: list[np.ndarray]) -> tuple[list[str], float]:

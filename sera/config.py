@@ -1,0 +1,58 @@
+"""Checks of the config groups every entry point shares (seed, threads, device, run, eval, optimizer).
+
+Each study's `validate(cfg)` calls these before any work starts, so a bad value is a clear message, never a
+traceback from deep inside a run, and never a half-created run directory.
+"""
+
+from __future__ import annotations
+
+import math
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_run_settings(cfg) -> None:
+    """seed, threads, device, run.*, eval.every and eval.ks; ValueError naming the key and the allowed values."""
+    if not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {cfg.seed!r}")
+    if cfg.threads != "auto" and (not isinstance(cfg.threads, int) or cfg.threads < 1):
+        raise ValueError(f"threads must be 'auto' or a positive integer, got {cfg.threads!r}")
+    if cfg.device not in DEVICES:
+        raise ValueError(f"unknown device {cfg.device!r}; choose from {DEVICES}")
+    if not isinstance(cfg.run.checkpoint_every, int) or cfg.run.checkpoint_every < 1:
+        raise ValueError(f"run.checkpoint_every must be a positive integer, got {cfg.run.checkpoint_every!r}")
+    if cfg.run.if_finished not in ("error", "skip"):
+        raise ValueError(f"run.if_finished must be error or skip, got {cfg.run.if_finished!r}")
+    if not isinstance(cfg.run.max_skipped_steps, int) or cfg.run.max_skipped_steps < 1:
+        raise ValueError(f"run.max_skipped_steps must be a positive integer, got {cfg.run.max_skipped_steps!r}")
+    if not isinstance(cfg.eval.every, int) or cfg.eval.every < 1:
+        raise ValueError(f"eval.every must be a positive integer, got {cfg.eval.every!r}")
+    ks = list(cfg.eval.ks)
+    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"eval.ks must be a non-empty list of positive integers, got {ks}")
+
+
+def check_optim(optim) -> None:
+    """A finite, positive learning rate and non-negative weight decay."""
+    lr = optim.lr
+    if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"optim.lr must be a finite positive number, got {lr!r}")
+    if not math.isfinite(optim.weight_decay) or optim.weight_decay < 0:
+        raise ValueError(f"optim.weight_decay must be finite and >= 0, got {optim.weight_decay!r}")
+
+
+def check_group_choices(config_dir, argv: list[str], groups=("method", "scale")) -> None:
+    """Exit with a message listing the valid choices when a command-line `group=choice` (comma-separated in a
+    sweep) names no config file; Hydra alone says only 'Could not find'. Call before Hydra's main."""
+    from pathlib import Path
+
+    root = Path(config_dir)
+    for arg in argv:
+        group, _, value = arg.partition("=")
+        if group not in groups or not value:
+            continue
+        valid = sorted(str(p.relative_to(root / group).with_suffix("")) for p in (root / group).rglob("*.yaml"))
+        valid = [v for v in valid if v != "common"]
+        for choice in value.split(","):
+            if choice not in valid:
+                raise SystemExit(f"unknown {group}={choice}; choose from: {', '.join(valid)}")
