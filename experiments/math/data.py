@@ -1,0 +1,194 @@
+"""Math problems (DESIGN.md section 5): one schema, loaded from local files or, only when asked, from the hub.
+
+A problem is a dict {"id": str, "question": str, "answer": str}; the generated families (generated.py) add an optional
+"solution" (a worked solution ending in \\boxed{answer}) for a supervised warm start. `answer` is the gold answer alone,
+as grading.score takes it: a GSM8K-style worked answer "... #### 72" is reduced to "72" (thousands commas dropped), and
+a list-valued answer (OlympiadBench's final_answer) is joined with ", ". REGISTRY maps each short slug to its hub
+dataset, split and native field names. `load_dataset_spec("math500")` reads data/math/math500-test.jsonl (or .parquet)
+under the repository; if the file is missing it raises FileNotFoundError naming that path and the hub dataset, unless
+allow_download=True, which fetches it with datasets.load_dataset and writes that file, so later runs are offline.
+Ids are stable strings: the dataset's own id field where it has one, else "<slug>-<split>-<row index>" (for a file
+read by its path, "<file stem>-<row index>"); the written files keep them.
+
+Fetch one set (on a machine with hub access):
+    python -c "from experiments.math.data import load_dataset_spec as l; l('gsm8k', allow_download=True)"
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+FIELDS = ("id", "question", "answer")
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "math"
+SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """Where one dataset lives on the hub and how its native fields map onto the schema."""
+
+    hub: str
+    """The hub dataset name, passed to datasets.load_dataset."""
+    split: str
+    """The split used by default (the paper's train or evaluation split)."""
+    config: str | None = None
+    """The dataset's configuration name, if it has several."""
+    question: str = "question"
+    """Native field holding the question."""
+    answer: str = "answer"
+    """Native field holding the gold answer (reduced as the module docstring says)."""
+    id: str | None = None
+    """Native field holding a stable id; None: ids are "<slug>-<split>-<row index>"."""
+    context: str | None = None
+    """Native field whose non-empty text is put before the question (OlympiadBench's shared problem context)."""
+    keep: Callable[[dict], bool] | None = None
+    """Rows for which this is False are dropped (before ids are assigned)."""
+
+
+# Hub ids and field names follow public loaders of these sets; the ones marked "unverified" were not checked against
+# the hub here (no hub access on this machine) and may need an edit once someone fetches them.
+REGISTRY: dict[str, HubSpec] = {
+    "gsm8k": HubSpec("openai/gsm8k", "train", config="main"),  # answer: worked solution ending "#### 72"
+    # GSM8K-Platinum: the GSM8K test set relabelled; same fields. Dropping rows marked "rejected" is a no-op if the
+    # hub copy already excludes them (unverified which it does).
+    "gsm8k-platinum": HubSpec(
+        "madrylab/gsm8k-platinum", "test", config="main", keep=lambda row: row.get("cleaning_status") != "rejected"
+    ),
+    "math500": HubSpec("HuggingFaceH4/MATH-500", "test", question="problem", id="unique_id"),
+    "aime2025": HubSpec("math-ai/aime25", "test", question="problem", id="id"),  # id field: unverified
+    "beyondaime": HubSpec("ByteDance-Seed/BeyondAIME", "test", question="problem"),
+    "minerva": HubSpec("math-ai/minervamath", "test"),
+    # OlympiadBench: the 675-problem text-only English maths subset as math-ai hosts it (final_answer is a list);
+    # the original is Hothan/OlympiadBench, config OE_TO_maths_en_COMP, split train. Context field: unverified.
+    "olympiadbench": HubSpec("math-ai/olympiadbench", "test", answer="final_answer", id="id", context="context"),
+    "polaris": HubSpec("POLARIS-Project/Polaris-Dataset-53K", "train", question="problem"),
+}
+_BY_HUB = {spec.hub: slug for slug, spec in REGISTRY.items()}
+
+
+def clean_answer(value) -> str:
+    """The gold answer as a string: after the last "####" if present (commas dropped), lists joined with ", "."""
+    if isinstance(value, list | tuple):
+        return ", ".join(clean_answer(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    if "####" in text:
+        text = text.rsplit("####", 1)[1].strip().replace(",", "")
+    return text
+
+
+def to_problems(rows: Iterable[dict], spec: HubSpec | None, id_prefix: str) -> list[dict]:
+    """Rows in a native layout (`spec`; None: the schema's own field names) -> problems in the schema.
+
+    Raises ValueError naming the missing field and the fields present, or a duplicated id.
+    """
+    q_field, a_field = (spec.question, spec.answer) if spec else ("question", "answer")
+    id_field = spec.id if spec else "id"
+    problems, seen = [], set()
+    for index, row in enumerate(r for r in rows if spec is None or spec.keep is None or spec.keep(r)):
+        for field in (q_field, a_field):
+            if field not in row:
+                raise ValueError(f"row {index} has no {field!r} field (fields: {sorted(row)}); pass fields=<slug>")
+        question = str(row[q_field]).strip()
+        if spec and spec.context and row.get(spec.context):
+            question = f"{str(row[spec.context]).strip()}\n{question}"
+        has_id = id_field is not None and row.get(id_field) is not None
+        pid = str(row[id_field]) if has_id else f"{id_prefix}-{index:05d}"
+        if pid in seen:
+            raise ValueError(f"duplicate problem id {pid!r}")
+        seen.add(pid)
+        problems.append({"id": pid, "question": question, "answer": clean_answer(row[a_field])})
+    return problems
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The records of a .jsonl (one JSON object a line, blank lines skipped) or .parquet file."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix != ".jsonl":
+        raise ValueError(f"{path}: expected a {' or '.join(SUFFIXES)} file")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line_no}: not a JSON object ({err.msg})") from None
+    return rows
+
+
+def write_jsonl(problems: list[dict], path: Path) -> None:
+    """Write problems one JSON object a line (creating the folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in problems), encoding="utf-8")
+
+
+def local_path(slug: str, split: str, data_dir: Path = DATA_DIR) -> Path:
+    """Where a registry dataset is kept: <data_dir>/<slug>-<split>.jsonl (a .parquet of that name also serves)."""
+    return Path(data_dir) / f"{slug}-{split}.jsonl"
+
+
+def load_dataset_spec(
+    name_or_path: str | Path,
+    split: str | None = None,
+    *,
+    fields: str | None = None,
+    data_dir: Path = DATA_DIR,
+    allow_download: bool = False,
+) -> list[dict]:
+    """Problems in the schema from a registry slug or hub name (REGISTRY) or a local .jsonl/.parquet file.
+
+    A slug reads local_path(slug, split or its default split); missing, it is fetched from the hub only with
+    `allow_download` (then written there), else FileNotFoundError names the path and the hub dataset. A file path is
+    read as the schema's fields, or in the native layout of registry dataset `fields` (e.g. fields="math500" for
+    MATH-500's problem/answer/unique_id); `split` applies only to registry names. Any file whose first record has
+    all of FIELDS is read in the schema's own layout (the files this function writes are).
+    """
+    name = str(name_or_path)
+    slug = _BY_HUB.get(name, name)
+    if fields is not None and fields not in REGISTRY:
+        raise ValueError(f"fields={fields!r}: expected one of {sorted(REGISTRY)} or None for the schema's own fields")
+    if slug in REGISTRY:
+        if fields is not None:
+            raise ValueError(f"fields= applies to a file path; {slug!r} already names its layout")
+        spec = REGISTRY[slug]
+        split = split or spec.split
+        path = local_path(slug, split, data_dir)
+        for candidate in (path, path.with_suffix(".parquet")):
+            if candidate.exists():
+                return _from_file(candidate, spec, f"{slug}-{split}")
+        if not allow_download:
+            raise FileNotFoundError(
+                f"{path} not found: {slug} is the hub dataset {spec.hub} (config {spec.config}, split {split}). "
+                f"Fetch it once with load_dataset_spec({slug!r}, split={split!r}, allow_download=True), which writes "
+                f"that file, or put a .jsonl/.parquet of it there."
+            )
+        problems = to_problems(_download(spec, split), spec, f"{slug}-{split}")
+        write_jsonl(problems, path)
+        return problems
+    if split is not None:
+        raise ValueError(f"split={split!r} applies to registry datasets ({sorted(REGISTRY)}), not to a file path")
+    path = Path(name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (and {name!r} is not one of the registry names {sorted(REGISTRY)})")
+    return _from_file(path, REGISTRY.get(fields), path.stem)
+
+
+def _from_file(path: Path, spec: HubSpec | None, id_prefix: str) -> list[dict]:
+    # A file that already has the schema's fields (as write_jsonl leaves it) is read as is, whatever `spec` says.
+    rows = read_rows(path)
+    native = spec is not None and not (rows and all(f in rows[0] for f in FIELDS))
+    return to_problems(rows, spec if native else None, id_prefix)
+
+
+def _download(spec: HubSpec, split: str) -> list[dict]:
+    import datasets
+
+    return list(datasets.load_dataset(spec.hub, spec.config, split=split))
