@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint format bench reproduce-imagenet ablate-pilot reproduce-maze reproduce-math tables figures clean
+.PHONY: help install test test-faults lint format bench reproduce-imagenet ablate-pilot reproduce-maze reproduce-math tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ install: $(STAMP) ## create .venv and install the pinned environment (constraint
 
 test: install ## run the test suite (CPU, offline, a few minutes)
 	$(PY) -m pytest -q tests
+
+test-faults: install ## fault injection: SIGKILL a real run at random moments FAULT_KILLS times, resume, compare
+	FAULT_KILLS=$${FAULT_KILLS:-40} $(PY) -m pytest -q tests/test_run_dirs.py -k random_kills
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check sera experiments paper_figures tests bench

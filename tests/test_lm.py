@@ -307,7 +307,7 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
     ]
     assert (root / "base_seed-0" / "model.safetensors").exists() and (root / "base_seed-0" / "DONE").exists()
     base = read_jsonl(root / "base_seed-0" / "metrics.jsonl")[-1]
-    assert "eval/heldout/pass@1" in base and "eval/best_fixed_answer_rate" in base
+    assert "eval/heldout/pass@1" in base and "eval/heldout/best_fixed_answer_rate" in base
     for run in [p for p in root.glob("*_seed-0") if not p.name.startswith("base")]:
         records = read_jsonl(run / "metrics.jsonl")
         assert [r["step"] for r in records] == [0, 1, 2, 3] and (run / "DONE").exists()

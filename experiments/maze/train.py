@@ -106,7 +106,7 @@ def ensure_base(cfg, loop: LoopSettings, root: Path, device: str) -> Path:
         engine = HFEngine(model, maze.DONE_ID, maze.PAD_ID, cfg.temperature)
         metrics = evaluate_into(run_dir, cfg.sft.steps, loop, task, engine, torch.Generator().manual_seed(cfg.seed))
         fixed, rate = maze.best_fixed_answer_rate(list(task.eval_grids.values()))
-        metrics.update({"train/sft_loss": loss, "eval/best_fixed_answer_rate": rate})
+        metrics.update({"train/sft_loss": loss, f"eval/{EVAL_SET}/best_fixed_answer_rate": rate})
         run_dir.log(cfg.sft.steps, metrics)
         run_dir.finish({"step": cfg.sft.steps, **metrics, "best_fixed_answer": fixed})
     return path
