@@ -2,9 +2,13 @@
 
 Run: python -m paper_figures.imagenet table2 --scale cpu   (after make reproduce-imagenet)
      python -m paper_figures.imagenet table3 --scale cpu   (after make ablate-pilot)
-Outputs go to paper_figures/out/imagenet-<scale>/: markdown, CSV, LaTeX, and PNG/PDF figures. Every reproduced row
-sits beside the paper's (ImageNet, ResNet-50) numbers; the CPU rows are digits1000 with an MLP, so only the
-direction and rough size of the SERA-minus-MaxRL gap are comparable, not the values.
+Outputs go to paper_figures/out/imagenet-<scale>/: markdown, CSV, LaTeX, and PNG/PDF figures. Every paper row is
+shown, beside the reproduced rows or as "not run"; the CPU rows are digits1000 with an MLP, so only the direction
+and rough size of the SERA-minus-MaxRL gap are comparable, not the values. A row's seeds are its runs that have an
+evaluation (paper_figures/runs.py has the rules for unfinished, corrupt and NaN runs). The SERA-minus-MaxRL interval
+pairs validation images by position in val_p.npy, which is validation-set order: runs whose data settings (DATA_KEYS)
+or val_p lengths differ are an error naming them; two differently configured SERA (or MaxRL) groups at one n0 give a
+"refused: ..." verdict row and a message naming their run paths.
 """
 
 from __future__ import annotations
@@ -14,33 +18,47 @@ from pathlib import Path
 
 import numpy as np
 
-from paper_figures.render import pyplot, read_reference, save_figure, write_table
-from paper_figures.runs import Run, group_runs, label_groups, load_runs
+from paper_figures.render import bold_better, pyplot, read_reference, save_figure, write_table
+from paper_figures.runs import (
+    Run,
+    group_runs,
+    label_groups,
+    load_runs,
+    mean_over,
+    method_label,
+    method_order,
+    method_setting,
+    sera_maxrl_pair,
+    status_tags,
+    tagged,
+    with_results,
+)
 from sera.allocation import scale_factor
+from sera.methods import METHODS
+from sera.runlog import ALLOC_SNAPSHOT, VAL_P_FILE
 from sera.stats import paired_bootstrap_ci
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 OUT = Path(__file__).parent / "out"
-LABELS = {"direct_ce": "Direct CE", "grpo": "GRPO", "maxrl": "MaxRL", "sera": "SERA"}
-ORDER = ["direct_ce", "grpo", "maxrl", "sera"]
 COLORS = {"direct_ce": "C0", "maxrl": "C1", "sera": "C2", "grpo": "C3"}
+DATA_KEYS = ("data.name", "data.num_val", "data.split_seed", "data.root")  # what fixes the validation-set order
+NAME_OF_LABEL = {m.label: m.name for m in METHODS.values()}
 
 
 def variant(run: Run) -> str:
     """'' for a method's default p_hat source (SERA: 8 pilots), else e.g. 'm=2', 'history', 'oracle'."""
-    est, m = run.get("method.estimator"), run.get("method.pilot_m")
+    est, m = method_setting(run, "estimator"), method_setting(run, "pilot_m")
     if est in (None, "none") or (est == "pilot" and m == 8):
         return ""
     return f"m={m}" if est == "pilot" else est
 
 
 def row_label(group: list[Run], extra: str = "") -> str:
-    run = group[0]
-    label = LABELS.get(run.get("method.name"), run.get("method.name"))
-    tags = [t for t in (variant(run), extra) if t]
-    if not all(r.finished for r in group):
-        tags.append("unfinished")
-    return label + (f" ({', '.join(tags)})" if tags else "")
+    return tagged(method_label(group[0].get("method.name")), [variant(group[0]), extra, *status_tags(group)])
+
+
+def evaluated(run: Run) -> bool:
+    return run.last("eval/pass@1") is not None
 
 
 def final_eval(run: Run) -> dict:
@@ -48,80 +66,43 @@ def final_eval(run: Run) -> dict:
     return {k: (v * 100 if (v := run.last(f"eval/pass@{k}")) is not None else None) for k in KS}
 
 
-def mean_over(group: list[Run], fn) -> float | None:
-    values = [v for v in (fn(r) for r in group) if v is not None]
-    return float(np.mean(values)) if values else None
-
-
 def rl_mean(run: Run, key: str) -> float | None:
     _, values = run.series(key)
     return float(values.mean()) if values.size else None
 
 
-def val_passk(group: list[Run], k: int) -> np.ndarray | None:
-    """Per-image Pass@k = 1 - (1 - p)^k on the validation set, computed per seed and then averaged over seeds."""
-    arrays = [np.load(r.path / "val_p.npy") for r in group if (r.path / "val_p.npy").exists()]
-    return np.mean([1 - (1 - p) ** k for p in arrays], axis=0) if arrays else None
+def slot(name: str, n0) -> tuple:
+    """Where a method's rows sit in Table 2: Direct CE first, then by n0 and the registry's order."""
+    return (name != "direct_ce", 0 if name == "direct_ce" else n0, method_order(name))
 
 
 def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     runs = [r for r in load_runs(runs_root / f"imagenet-{scale}") if variant(r) in ("", "oracle")]
-    groups = sorted(
-        group_runs(runs),
-        key=lambda g: (
-            g[0].get("method.name") != "direct_ce",
-            g[0].get("n0"),
-            ORDER.index(g[0].get("method.name")) if g[0].get("method.name") in ORDER else 99,
-            variant(g[0]),
-        ),
-    )
-    paper = read_reference("table2_imagenet_passk.csv")
-    header = ["n0", "method", "source", "seeds", "steps", *[f"Pass@{k}" for k in KS], "cos(g, CE)", "cos(E g, CE)"]
-    rows, bold = [], set()
+    groups = sorted(group_runs(runs), key=lambda g: (slot(g[0].get("method.name"), g[0].get("n0")), variant(g[0])))
+    by_slot: dict[tuple, list] = {}
     for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
-        name, n0 = g[0].get("method.name"), g[0].get("n0")
-        n0_cell = "" if name == "direct_ce" else n0
-        passk = {k: mean_over(g, lambda r, k=k: final_eval(r)[k]) for k in KS}
-        rows.append(
-            [
-                n0_cell,
-                label,
-                f"reproduced ({g[0].get('data.name')}, {scale})",
-                len(g),
-                g[0].get("train.steps"),
-                *[passk[k] for k in KS],
-                *(
-                    ["n/a", "n/a"]  # Direct CE is the reference gradient itself
-                    if name == "direct_ce"
-                    else [mean_over(g, lambda r, k=k: rl_mean(r, k)) for k in ("grad/cos_ce", "grad/cos_expected_ce")]
-                ),
-            ]
-        )
-        ref = [
-            p for p in paper if p["method"] == LABELS.get(name) and p["n0"] == ("" if name == "direct_ce" else str(n0))
-        ]
-        if ref and not variant(g[0]):
-            rows.append(
-                [
-                    n0_cell,
-                    LABELS[name],
-                    "paper (ImageNet, ResNet-50)",
-                    "",
-                    "",
-                    *[float(ref[0][f"pass@{k}"]) for k in KS],
-                    "n/a",
-                    "n/a",
-                ]
-            )
+        by_slot.setdefault(slot(g[0].get("method.name"), g[0].get("n0")), []).append((label, g))
+    paper = {
+        slot(NAME_OF_LABEL[p["method"]], int(p["n0"]) if p["n0"] else None): p
+        for p in read_reference("table2_imagenet_passk.csv")
+    }
+    header = ["n0", "method", "source", "seeds", "steps", *[f"Pass@{k}" for k in KS], "cos(g, CE)", "cos(E[g | n], CE)"]
+    rows = []
+    for where in sorted(by_slot.keys() | paper.keys()):
+        for label, g in by_slot.get(where, []):
+            rows.append(reproduced_row(label, g, scale))
+        if where in paper:
+            ref = paper[where]
+            if not any(not variant(g[0]) for _, g in by_slot.get(where, [])):
+                rows.append([ref["n0"], ref["method"], "not run", "", "", *[None] * (len(KS) + 2)])
+            reference = [float(ref[f"pass@{k}"]) for k in KS]
+            rows.append([ref["n0"], ref["method"], "paper (ImageNet, ResNet-50)", "", "", *reference, "n/a", "n/a"])
+    bold = set()
     for i, row in enumerate(rows):  # bold the better of each reproduced MaxRL/SERA pair at each n0, per column
-        if row[1] != "SERA" or "reproduced" not in row[2]:
-            continue
-        partner = [j for j, r in enumerate(rows) if r[0] == row[0] and r[1] == "MaxRL" and r[2] == row[2]]
-        for j in partner:
-            for col in range(5, len(header)):
-                a, b = rows[i][col], rows[j][col]
-                if a is not None and b is not None:
-                    bold.add((i, col) if a > b else (j, col))
+        if row[1] == "SERA" and row[2].startswith("reproduced"):
+            for j, other in enumerate(rows):
+                if other[0] == row[0] and other[1] == "MaxRL" and other[2] == row[2]:
+                    bold |= bold_better(rows, i, j, range(5, len(header)))
     out = out_root / f"imagenet-{scale}"
     md = write_table(out / "table2", header, rows, bold=bold)
     verdict = sera_vs_maxrl(groups, scale)
@@ -133,6 +114,44 @@ def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     return text
 
 
+def reproduced_row(label: str, group: list[Run], scale: str) -> list:
+    """One Table 2 row: seed means over the runs with an evaluation."""
+    name, runs = group[0].get("method.name"), with_results(group, evaluated)
+    cosines = (
+        ["n/a", "n/a"]  # Direct CE is the reference gradient itself
+        if name == "direct_ce"
+        else [mean_over(runs, lambda r, k=k: rl_mean(r, k)) for k in ("grad/cos_ce", "grad/cos_expected_ce")]
+    )
+    return [
+        "" if name == "direct_ce" else group[0].get("n0"),
+        label,
+        f"reproduced ({group[0].get('data.name')}, {scale})",
+        len(runs),
+        group[0].get("train.steps"),
+        *[mean_over(runs, lambda r, k=k: final_eval(r)[k]) for k in KS],
+        *cosines,
+    ]
+
+
+def verdict_runs(group: list[Run]) -> list[Run]:
+    """The seeds of a group that enter the SERA-minus-MaxRL verdict: evaluated, with per-image p saved at the end."""
+    return [r for r in with_results(group, evaluated) if (r.path / VAL_P_FILE).exists()]
+
+
+def val_p(sera: list[Run], maxrl: list[Run]) -> tuple[np.ndarray, np.ndarray]:
+    """(seeds, images) exact p per validation image of each group. val_p.npy is in validation-set order, so runs
+    are paired by position only when their data settings and lengths agree; otherwise an error naming them."""
+    a, b = sera[0], maxrl[0]  # the seeds of a group share every data setting
+    differ = [k for k in DATA_KEYS if a.get(k) != b.get(k)]
+    if differ:
+        raise ValueError(f"refusing to pair {a.path} and {b.path}: their validation sets differ in {differ}")
+    arrays = {r.path: np.load(r.path / VAL_P_FILE).ravel() for r in [*sera, *maxrl]}
+    if len({a.size for a in arrays.values()}) > 1:
+        sizes = ", ".join(f"{path} ({a.size} images)" for path, a in arrays.items())
+        raise ValueError(f"{VAL_P_FILE} lengths differ: {sizes}")
+    return np.stack([arrays[r.path] for r in sera]), np.stack([arrays[r.path] for r in maxrl])
+
+
 def sera_vs_maxrl(groups: list[list[Run]], scale: str) -> str:
     """Per n0: SERA minus MaxRL at Pass@1 and Pass@1024 (question-paired 95% bootstrap CI over validation images,
     seeds averaged), at Pass@1 seed by seed (the CI does not cover training randomness; this column shows it), and
@@ -141,39 +160,34 @@ def sera_vs_maxrl(groups: list[list[Run]], scale: str) -> str:
         f"## SERA minus MaxRL (scale={scale})",
         "",
         "| n0 | seeds | dPass@1 (pp) [95% CI] | dPass@1024 (pp) [95% CI] | dPass@1 per seed (pp) | d cos(g, CE) "
-        "| d cos(E g, CE) |",
+        "| d cos(E[g | n], CE) |",
         "|---|---|---|---|---|---|---|",
     ]
     for n0 in sorted({g[0].get("n0") for g in groups if g[0].get("method.name") == "sera"}):
-        pick = {g[0].get("method.name"): g for g in groups if g[0].get("n0") == n0 and not variant(g[0])}
-        if "sera" not in pick or "maxrl" not in pick:
-            lines.append(f"| {n0} | not run | | | | | |")
+        candidates = [g for g in groups if g[0].get("n0") == n0 and not variant(g[0]) and verdict_runs(g)]
+        pair = sera_maxrl_pair(candidates, f"n0 = {n0}")
+        if not isinstance(pair, tuple):
+            lines.append(f"| {n0} | {pair or 'not run'} | | | | | |")  # refused, or not run
             continue
-        s, m = pick["sera"], pick["maxrl"]
+        s, m = verdict_runs(pair[0]), verdict_runs(pair[1])
+        p_sera, p_maxrl = val_p(s, m)
         cells = []
         for k in (1, 1024):
-            a, b = val_passk(s, k), val_passk(m, k)
-            if a is None or b is None:
-                cells.append("not run")
-                continue
-            ci = paired_bootstrap_ci(a, b)
+            ci = paired_bootstrap_ci(np.mean(1 - (1 - p_sera) ** k, axis=0), np.mean(1 - (1 - p_maxrl) ** k, axis=0))
             cells.append(f"{100 * ci.delta:+.2f} [{100 * ci.low:+.2f}, {100 * ci.high:+.2f}]")
-        dcos = [
-            f"{a - b:+.3f}"
-            if (a := mean_over(s, lambda r, k=key: rl_mean(r, k))) is not None
-            and (b := mean_over(m, lambda r, k=key: rl_mean(r, k))) is not None
-            else "not run"
-            for key in ("grad/cos_ce", "grad/cos_expected_ce")
-        ]
+        dcos = []
+        for key in ("grad/cos_ce", "grad/cos_expected_ce"):
+            a, b = (mean_over(g, lambda r, k=key: rl_mean(r, k)) for g in (s, m))
+            dcos.append("not run" if a is None or b is None else f"{a - b:+.3f}")
         row = [f"{len(s)} vs {len(m)}", *cells, per_seed_delta(s, m), *dcos]
         lines.append(f"| {n0} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
 def per_seed_delta(sera: list[Run], maxrl: list[Run]) -> str:
-    """'seed 0: +1.60, seed 1: ...': final Pass@1 of SERA minus MaxRL for each seed both have finished."""
-    final = [{r.get("seed"): final_eval(r)[1] for r in g if r.finished} for g in (sera, maxrl)]
-    seeds = sorted(k for k in final[0].keys() & final[1].keys() if None not in (final[0][k], final[1][k]))
+    """'seed 0: +1.60, seed 1: ...': final Pass@1 of SERA minus MaxRL for each seed both have."""
+    final = [{r.get("seed"): final_eval(r)[1] for r in g} for g in (sera, maxrl)]
+    seeds = sorted(final[0].keys() & final[1].keys())
     return ", ".join(f"seed {k}: {final[0][k] - final[1][k]:+.2f}" for k in seeds) or "not run"
 
 
@@ -186,16 +200,16 @@ def training_figure(groups: list[list[Run]], stem: Path) -> None:
     fig, axes = plt.subplots(len(n0s), 2, figsize=(10, 3.2 * len(n0s)), squeeze=False)
     for row, n0 in enumerate(n0s):
         for g in groups:
-            name = g[0].get("method.name")
-            if name != "direct_ce" and g[0].get("n0") != n0:
+            name, runs = g[0].get("method.name"), with_results(g, evaluated)
+            if not runs or (name != "direct_ce" and g[0].get("n0") != n0):
                 continue
             label = row_label(g)
-            steps, values = g[0].series("eval/pass@1")
-            curves = [r.series("eval/pass@1")[1] for r in g if r.series("eval/pass@1")[1].size == values.size]
+            steps, values = runs[0].series("eval/pass@1")
+            curves = [r.series("eval/pass@1")[1] for r in runs if r.series("eval/pass@1")[1].size == values.size]
             axes[row, 0].plot(steps, np.mean(curves, axis=0), marker="o", ms=3, label=label, color=COLORS.get(name))
             if name != "direct_ce":
-                steps, values = g[0].series("grad/cos_ce")
-                curves = [r.series("grad/cos_ce")[1] for r in g if r.series("grad/cos_ce")[1].size == values.size]
+                steps, values = runs[0].series("grad/cos_ce")
+                curves = [r.series("grad/cos_ce")[1] for r in runs if r.series("grad/cos_ce")[1].size == values.size]
                 axes[row, 1].plot(steps, np.mean(curves, axis=0), label=label, alpha=0.8, color=COLORS.get(name))
         axes[row, 0].set(title=f"n0 = {n0}: validation Pass@1", xlabel="step", ylabel="Pass@1")
         axes[row, 1].set(title=f"n0 = {n0}: cos(step gradient, CE gradient)", xlabel="step", ylabel="cosine")
@@ -204,28 +218,24 @@ def training_figure(groups: list[list[Run]], stem: Path) -> None:
     save_figure(fig, stem)
 
 
-def last_mean(run: Run, key: str, last: int) -> float | None:
-    """Mean of a metric over its last `last` logged values."""
-    _, values = run.series(key)
-    return float(values[-last:].mean()) if values.size else None
-
-
-def snapshot(run: Run, which: int = -1) -> dict | None:
-    """One of the run's allocation snapshots (alloc_step<N>.npz: p_exact, p_hat, counts of one batch), by position
-    in step order (-1: the last), or None."""
-    files = sorted(run.path.glob("alloc_step*.npz"), key=lambda p: int(p.stem.removeprefix("alloc_step")))
-    return dict(np.load(files[which])) if files else None
+def snapshot(group: list[Run], which: int = -1) -> dict | None:
+    """One allocation snapshot (alloc_step<N>.npz: p_exact, p_hat, counts of one batch) of the group's first run
+    that has one, by position in step order (-1: the last), or None."""
+    for run in group:
+        found = sorted((int(m.group(1)), p) for p in run.path.iterdir() if (m := ALLOC_SNAPSHOT.fullmatch(p.name)))
+        if found:
+            return dict(np.load(found[which][1]))
+    return None
 
 
 def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
     """SERA's allocation on one batch per n0: n_i against p_hat, and the scale factors c(p, n) at the exact p under
     uniform n0 (before) and under SERA's n_i (after), against p. The first snapshot (early in RL, when p still
     varies) is drawn; late in training nearly every image has p near 1."""
-
     snaps = {
         g[0].get("n0"): (s, g[0])
         for g in groups
-        if g[0].get("method.name") == "sera" and not variant(g[0]) and (s := snapshot(g[0], 0)) is not None
+        if g[0].get("method.name") == "sera" and not variant(g[0]) and (s := snapshot(g, 0)) is not None
     }
     if not snaps:
         return
@@ -247,7 +257,7 @@ def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
 
 def phat_figure(groups: list[list[Run]], stem: Path) -> None:
     """p_hat against the exact p on one batch, one panel per pilot size m (m = 0: history)."""
-    snaps = [(g[0].get("method.pilot_m"), s) for g in groups if (s := snapshot(g[0])) is not None]
+    snaps = [(method_setting(g[0], "pilot_m"), s) for g in groups if (s := snapshot(g)) is not None]
     if not snaps:
         return
     plt = pyplot()
@@ -259,53 +269,93 @@ def phat_figure(groups: list[list[Run]], stem: Path) -> None:
     save_figure(fig, stem)
 
 
-def pooled_pearson(runs: list[Run], last_steps: int) -> float | None:
-    """Pearson r of p_hat against exact p pooled over the last `last_steps` logged batches of each run."""
+def epoch_steps(run: Run) -> int:
+    """Steps in one epoch of training batches, as the run logged it at its evaluations."""
+    steps = run.last("train/steps_per_epoch")
+    if steps is None:
+        raise ValueError(f"{run.path}: no train/steps_per_epoch logged; Table 3 needs it (a run from older code)")
+    return int(steps)
+
+
+def last_epoch(run: Run, key: str) -> np.ndarray:
+    """A per-step metric's values over the run's last epoch of batches (NaN where logged as null)."""
+    return run.series(key)[1][-epoch_steps(run) :]
+
+
+def last_epoch_mean(run: Run, key: str) -> float | None:
+    values = last_epoch(run, key)
+    return float(values.mean()) if values.size else None
+
+
+def per_batch_pearson(run: Run) -> float | None:
+    """The paper's Pearson r: one r per training batch, averaged over the last epoch. A batch whose p_hat or p has
+    zero spread has no r (logged as null) and is left out; NaN when no batch has one."""
+    r = last_epoch(run, "phat/pearson")
+    if not r.size:
+        return None
+    return float("nan") if np.isnan(r).all() else float(np.nanmean(r))
+
+
+def pooled_pearson(runs: list[Run]) -> float | None:
+    """Pearson r of p_hat against exact p pooled over every image of each run's last epoch of batches (from the
+    logged sufficient statistics n, sum x, sum y, sum x^2, sum y^2, sum xy)."""
     totals = np.zeros(6)
     for r in runs:
         moments = [rec["phat/moments"] for rec in r.records if rec.get("phat/moments")]
         if moments:
-            totals += np.sum(moments[-last_steps:], axis=0)
+            totals += np.sum(np.asarray(moments[-epoch_steps(r) :], dtype=float), axis=0)
     n, sx, sy, sxx, syy, sxy = totals
     if n == 0:
         return None
     cov, vx, vy = sxy / n - sx * sy / n**2, sxx / n - (sx / n) ** 2, syy / n - (sy / n) ** 2
-    return float(cov / np.sqrt(vx * vy)) if vx > 0 and vy > 0 else None
+    return float(cov / np.sqrt(vx * vy)) if vx > 0 and vy > 0 else float("nan")
 
 
 def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
-    """Pilot-size ablation at n0 = 16: MAE and Pearson r of p_hat vs exact p over the last epoch of batches, plus
-    final Pass@1 and Pass@64."""
+    """Pilot-size ablation at n0 = 16: MAE and Pearson r of p_hat vs exact p over the last epoch of batches (r per
+    batch and averaged, as the paper defines it, and pooled over the epoch's images), plus final Pass@1 and
+    Pass@64. The paper's rows (m = 0 and 8) are shown even when not run."""
     runs = [
         r
         for r in load_runs(runs_root / f"imagenet-{scale}")
-        if r.get("method.name") == "sera" and r.get("n0") == 16 and r.get("method.estimator") in ("pilot", "history")
+        if r.get("method.name") == "sera"
+        and r.get("n0") == 16
+        and method_setting(r, "estimator") in ("pilot", "history")
     ]
-    groups = sorted(group_runs(runs), key=lambda g: g[0].get("method.pilot_m"))
+    groups = sorted(group_runs(runs), key=lambda g: method_setting(g[0], "pilot_m"))
     paper = {int(p["m"]): p for p in read_reference("table3_imagenet_p_estimation.csv")}
-    header = ["estimator", "m", "seeds", "MAE", "Pearson r", "Pass@1", "Pass@64", "paper MAE", "paper Pearson r"]
+    header = ["estimator", "m", "seeds", "MAE", "Pearson r (per batch)", "Pearson r (pooled)", "Pass@1", "Pass@64"]
+    header += ["paper MAE", "paper Pearson r"]
+
+    def estimator(m: int) -> str:
+        return "historical" if m == 0 else "pilot"
+
+    def label(g, extra=""):
+        return tagged(estimator(method_setting(g[0], "pilot_m")), [extra, *status_tags(g)])
+
+    def paper_cells(m: int) -> list:
+        ref = paper.get(m)
+        return [float(ref["mae"]), float(ref["pearson_r"])] if ref else ["n/a", "n/a"]
+
     rows = []
-    for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
-        m = g[0].get("method.pilot_m")
-        # an epoch of batches as the run logged it (falls back to the digits1000 count for older runs)
-        epoch = int(g[0].last("train/steps_per_epoch") or g[0].get("data.num_train") // g[0].get("train.batch_size"))
-        mae = mean_over(g, lambda r, e=epoch: last_mean(r, "phat/mae", e))
-        ref = paper.get(m, {})
+    for name, g in label_groups(groups, label, key=lambda g: method_setting(g[0], "pilot_m")):
+        m, runs = method_setting(g[0], "pilot_m"), with_results(g, evaluated)
         rows.append(
             [
-                "historical" if m == 0 else "pilot",
+                name,
                 m,
-                len(g),
-                mae,
-                pooled_pearson(g, epoch),
-                mean_over(g, lambda r: final_eval(r)[1]),
-                mean_over(g, lambda r: final_eval(r)[64]),
-                float(ref["mae"]) if ref else "n/a",
-                float(ref["pearson_r"]) if ref else "n/a",
+                len(runs),
+                mean_over(runs, lambda r: last_epoch_mean(r, "phat/mae")),
+                mean_over(runs, per_batch_pearson),
+                pooled_pearson(runs),
+                mean_over(runs, lambda r: final_eval(r)[1]),
+                mean_over(runs, lambda r: final_eval(r)[64]),
+                *paper_cells(m),
             ]
         )
-        if "unfinished" in label:
-            rows[-1][0] += " (unfinished)"
+    for m in sorted(paper.keys() - {method_setting(g[0], "pilot_m") for g in groups}):
+        rows.append([estimator(m), m, "", None, None, None, None, None, *paper_cells(m)])
+    rows.sort(key=lambda row: row[1])
     md = write_table(out_root / f"imagenet-{scale}" / "table3", header, rows, digits=4)
     phat_figure(groups, out_root / f"imagenet-{scale}" / "phat_vs_p")
     text = f"# Table 3 (p_hat estimation, n0 = 16, last epoch of batches), scale={scale}\n\n{md}"

@@ -3,23 +3,33 @@
 Run: python -m paper_figures.math --scale paper
 The run-directory contract (what a math run writes; the math study itself is a later issue): runs live under
 runs/math-<scale>/, each with config.yaml (experiment: math, or math-base for the pre-RL model; model.name; method.name;
-method.aggregation; train.steps; n0; seed) and one per-question record per evaluated dataset,
-eval_step<N>_<dataset>.json = {"ids": [...], "n": samples per question, "correct": [...]}. Pass@K comes from the last
-step's counts with the unbiased estimator; deltas use a question-paired 95% bootstrap (10,000 resamples).
+method.aggregation; train.steps; n0; seed) and one per-question record per evaluated dataset, named by
+sera.runlog.eval_record_file: eval_step<N>_<dataset>.json = {"ids": [...], "n": samples per question, "correct": [...]}.
+Pass@K comes from the newest record's counts with the unbiased estimator; deltas use a question-paired 95% bootstrap
+(10,000 resamples), pairing questions by id. Seeds, unfinished and corrupt runs, NaN values and refused pairings
+follow paper_figures/runs.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 from pathlib import Path
 
-import numpy as np
-
-from paper_figures.render import passk_figure, read_reference, write_table
-from paper_figures.runs import Run, group_runs, label_groups, load_runs
-from sera.passk import pass_at_k
+from paper_figures.render import bold_better, passk_figure, read_reference, write_table
+from paper_figures.runs import (
+    PerQuestion,
+    Run,
+    group_runs,
+    label_groups,
+    load_runs,
+    method_label,
+    pair_by_question,
+    per_question,
+    sera_maxrl_pair,
+    status_tags,
+    tagged,
+    with_results,
+)
 from sera.stats import paired_bootstrap_ci
 
 OUT = Path(__file__).parent / "out"
@@ -32,7 +42,6 @@ DATASETS = {  # file slug -> the paper's name
     "olympiadbench": "OlympiadBench",
 }
 SLUG = {v: k for k, v in DATASETS.items()}
-LABELS = {"grpo": "GRPO", "maxrl": "MaxRL", "sera": "SERA", "pkpo": "PKPO (T=16)", "dars_hw": "DARS-HW"}
 PASSK_TABLES = {
     "table1": ("smollm2-360m-instruct", ["gsm8k-platinum"], [1, 32, 128, 256], "table1_smollm2_gsm8k_platinum.csv"),
     "table6": (
@@ -63,40 +72,11 @@ DELTA_TABLES = {
         "table9_qwen3_4b_base_uncertainty.csv",
     ),
 }
-_RECORD = re.compile(r"eval_step(\d+)_(.+)\.json")
 
 
-def final_record(run: Run, dataset: str) -> dict | None:
-    """The per-question record of the run's last evaluation on `dataset`, or None."""
-    found = [
-        (int(m.group(1)), p)
-        for p in run.path.glob("eval_step*_*.json")
-        if (m := _RECORD.fullmatch(p.name)) and m.group(2) == dataset
-    ]
-    return json.loads(max(found)[1].read_text()) if found else None
-
-
-def per_question(group: list[Run], dataset: str, ks: list[int]) -> np.ndarray | None:
-    """(questions, K) Pass@K per question in sorted question-id order, averaged over the group's seeds; None when no
-    run evaluated it. Sorting by id makes rows of two methods line up question by question for the paired bootstrap."""
-    records = [r for r in (final_record(run, dataset) for run in group) if r is not None]
-    if not records:
-        return None
-    records = [
-        {**r, "ids": sorted(r["ids"]), "correct": [c for _, c in sorted(zip(r["ids"], r["correct"], strict=True))]}
-        for r in records
-    ]
-    if len({tuple(r["ids"]) for r in records}) > 1:
-        raise ValueError(f"seeds of {group[0].path.parent} evaluated different questions on {dataset}")
-    usable = [k for k in ks if k <= min(r["n"] for r in records)]
-    values = np.mean([pass_at_k(r["n"], np.asarray(r["correct"]), usable) for r in records], axis=0)
-    return np.pad(values, ((0, 0), (0, len(ks) - len(usable))), constant_values=np.nan)
-
-
-def question_ids(group: list[Run], dataset: str) -> list:
-    """Sorted question ids of the group's evaluation on `dataset`."""
-    record = next(r for r in (final_record(run, dataset) for run in group) if r is not None)
-    return sorted(record["ids"])
+def evaluated_on(dataset: str):
+    """Whether a run has a per-question record on `dataset` (a predicate for with_results)."""
+    return lambda run: dataset in run.eval_records
 
 
 def model_runs(runs_root: Path, scale: str, model: str) -> tuple[list[Run], list[list[Run]]]:
@@ -107,16 +87,16 @@ def model_runs(runs_root: Path, scale: str, model: str) -> tuple[list[Run], list
 
 
 def row_label(group, extra=""):
-    tags = [t for t in (group[0].get("method.aggregation"), extra) if t]
-    if not all(r.finished for r in group):
-        tags.append("unfinished")
-    return LABELS.get(group[0].get("method.name"), group[0].get("method.name")) + f" ({', '.join(tags)})"
+    run = group[0]
+    return tagged(method_label(run.get("method.name")), [run.get("method.aggregation"), extra, *status_tags(group)])
 
 
-def pct(values: np.ndarray | None, ks) -> list:
-    if values is None:
+def pct(pq: PerQuestion | None, ks: list[int]) -> list:
+    """Pass@k in percent for each k of the table; None ('not run') where no run has enough samples for k."""
+    if pq is None:
         return [None] * len(ks)
-    return [None if np.isnan(v) else 100 * float(v) for v in values.mean(axis=0)]  # NaN: k above the samples
+    means = dict(zip(pq.ks, 100 * pq.values.mean(axis=0), strict=True))
+    return [means.get(k) for k in ks]
 
 
 def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) -> str:
@@ -127,45 +107,38 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
     rows, bold = [], set()
     for dataset in datasets:
         shown = DATASETS[dataset]
-        base_pk = per_question(base, dataset, ks) if base else None
+        base_pk = per_question(base, dataset, ks)
         curves = {"Base": base_pk}
-        rows.append(
-            [shown, "Base", "reproduced" if base_pk is not None else "not run", len(base), "", "", *pct(base_pk, ks)]
-        )
+        source = "reproduced" if base_pk is not None else "not run"
+        rows.append([shown, tagged("Base", status_tags(base)), source, seeds(base_pk), "", "", *pct(base_pk, ks)])
         index = {}
         for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation")):
             budget = g[0].get("train.batch_size", 0) * g[0].get("n0", 0) if g[0].get("n0") else ""
-            rows.append(
-                [
-                    shown,
-                    label,
-                    "reproduced",
-                    len(g),
-                    g[0].get("train.steps"),
-                    budget,
-                    *pct(curves.setdefault(label, per_question(g, dataset, ks)), ks),
-                ]
-            )
+            pq = curves[label] = per_question(g, dataset, ks)
+            rows.append([shown, label, "reproduced", seeds(pq), g[0].get("train.steps"), budget, *pct(pq, ks)])
             index[(g[0].get("method.name"), g[0].get("method.aggregation"))] = len(rows) - 1
-        passk_figure(curves, ks, out_root / f"math-{scale}" / f"{name}_{dataset}_passk", f"{model}: {shown}")
+        passk_figure(curves, out_root / f"math-{scale}" / f"{name}_{dataset}_passk", f"{model}: {shown}")
         for norm in {n for _, n in index}:  # bold the better of each reproduced MaxRL/SERA pair
             i, j = index.get(("sera", norm)), index.get(("maxrl", norm))
             if i is not None and j is not None:
-                for col in range(6, len(header)):
-                    if rows[i][col] is not None and rows[j][col] is not None:
-                        bold.add((i, col) if rows[i][col] > rows[j][col] else (j, col))
+                bold |= bold_better(rows, i, j, range(6, len(header)))
+        run_labels = {method_label(m) for m, _ in index}
         for p in reference:
             if p.get("dataset", shown) != shown:
                 continue
             method = p["method"] + (f" ({p['normalization']})" if p.get("normalization") else "")
-            run_keys = {LABELS.get(m, m): m for m, _ in index}
-            if p["method"] in ("MaxRL", "SERA", "GRPO", "DARS-HW") and p["method"] not in run_keys:
+            if p["method"] in ("MaxRL", "SERA", "GRPO", "DARS-HW") and p["method"] not in run_labels:
                 rows.append([shown, method, "not run", "", "", "", *[None] * len(ks)])
             rows.append([shown, method, "paper", "", "", "", *[float(p[f"pass@{k}"]) for k in ks]])
     md = write_table(out_root / f"math-{scale}" / name, header, rows, bold=bold)
     text = f"# {name.capitalize()} ({model}), scale={scale}\n\n{md}"
     print(text)
     return text
+
+
+def seeds(pq: PerQuestion | None) -> int:
+    """The number of runs that contributed a record."""
+    return 0 if pq is None else len(pq.runs)
 
 
 def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, num_resamples: int = 10_000) -> str:
@@ -185,31 +158,27 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
         "paper high",
     ]
     rows = []
+    by_norm: dict[str, set] = {}
+    for g in groups:
+        by_norm.setdefault(g[0].get("method.aggregation"), set()).add(g[0].get("method.name"))
+    norms = sorted(n for n, names in by_norm.items() if {"sera", "maxrl"} <= names)
     for dataset in datasets:
         shown = DATASETS[dataset]
-        by_norm: dict[str, dict[str, list[Run]]] = {}
-        for g in groups:
-            by_norm.setdefault(g[0].get("method.aggregation"), {})[g[0].get("method.name")] = g
-        norms = [n for n, m in by_norm.items() if "sera" in m and "maxrl" in m] or ["token-mean"]
-        for norm in norms:
-            pair = by_norm.get(norm, {})
-            a = per_question(pair["sera"], dataset, ks) if "sera" in pair else None
-            b = per_question(pair["maxrl"], dataset, ks) if "maxrl" in pair else None
-            if (
-                a is not None
-                and b is not None
-                and question_ids(pair["sera"], dataset) != question_ids(pair["maxrl"], dataset)
-            ):
-                raise ValueError(f"SERA and MaxRL ({norm}) evaluated different {shown} questions; refusing to pair")
-            ci = paired_bootstrap_ci(a, b, num_resamples=num_resamples) if a is not None and b is not None else None
-            for col, k in enumerate(ks):
-                ref = paper_delta(reference, shown, k)
-                cells = (
-                    [None, None, None, None]
-                    if ci is None or np.isnan(ci.delta[col])
-                    else [100 * ci.delta[col], 100 * ci.low[col], 100 * ci.high[col], len(a)]
-                )
-                rows.append([shown, norm, k, *cells, *ref])
+        for norm in norms or ["token-mean"]:
+            candidates = [
+                g for g in groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated_on(dataset))
+            ]
+            pair = sera_maxrl_pair(candidates, f"{shown}, {norm}")
+            cells = {}
+            if isinstance(pair, tuple):
+                a, b = (per_question(g, dataset, ks) for g in pair)
+                sera, maxrl, common = pair_by_question(a, b, f"{shown} SERA vs MaxRL ({norm})")
+                ci = paired_bootstrap_ci(sera, maxrl, num_resamples=num_resamples)
+                for col, k in enumerate(common):
+                    cells[k] = [100 * ci.delta[col], 100 * ci.low[col], 100 * ci.high[col], len(a.ids)]
+            for k in ks:
+                missing = [pair, "", "", ""] if isinstance(pair, str) else [None] * 4  # refused, or not run
+                rows.append([shown, norm, k, *cells.get(k, missing), *paper_delta(reference, shown, k)])
     md = write_table(out_root / f"math-{scale}" / name, header, rows)
     text = f"# {name.capitalize()} ({model}): SERA minus MaxRL, scale={scale}\n\n{md}"
     print(text)

@@ -1,99 +1,78 @@
 """Table 4 (maze navigation) and its Pass@K curves, from run directories. No torch.
 
 Run: python -m paper_figures.maze --scale cpu   (after make reproduce-maze)
-Pass@K comes from each run's final per-maze correct counts (eval_step<N>.json) with the unbiased estimator; the
-SERA-minus-MaxRL rows use a maze-paired 95% bootstrap, per normalisation. The base model row, the best single fixed
-answer (the shortcut baseline) and the distinct answers per maze are reported beside Pass@K.
+The run-directory contract: RL runs (config experiment: maze) and the base model (experiment: maze-base, in
+runs/maze-<scale>/base_seed-<s>/) each write a per-maze record of their evaluation on the one held-out set, named
+EVAL_SET: eval_step<N>_heldout.json (sera.runlog.eval_record_file) = {"ids": [...], "n": samples, "correct": [...]},
+and the metrics eval/heldout/pass@<k>, eval/heldout/distinct_answers (and, for the base model,
+eval/heldout/best_fixed_answer_rate) in metrics.jsonl. Pass@K comes from each run's newest record with the unbiased
+estimator; the SERA-minus-MaxRL rows use a maze-paired 95% bootstrap per normalisation, pairing mazes by id. The base
+model rows, the best single fixed answer (the shortcut baseline) and the distinct answers per maze are reported
+beside Pass@K. Seeds, unfinished and corrupt runs, NaN values and refused pairings follow paper_figures/runs.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-import numpy as np
-
 from paper_figures.render import passk_figure, read_reference, write_table
-from paper_figures.runs import Run, group_runs, label_groups, load_runs
-from sera.passk import pass_at_k
+from paper_figures.runs import (
+    PerQuestion,
+    Run,
+    group_runs,
+    label_groups,
+    load_runs,
+    mean_over,
+    method_label,
+    method_order,
+    pair_by_question,
+    per_question,
+    sera_maxrl_pair,
+    status_tags,
+    tagged,
+    with_results,
+)
 from sera.stats import paired_bootstrap_ci
 
 OUT = Path(__file__).parent / "out"
-LABELS = {"grpo": "GRPO", "maxrl": "MaxRL", "sera": "SERA", "pkpo": "PKPO (T=16)", "dars_hw": "DARS-HW"}
 PAPER_KS = [1, 2, 4, 8, 16, 32]
+EVAL_SET = "heldout"  # the maze's one evaluation set
 
 
-def final_counts(run: Run) -> dict | None:
-    """The per-maze record {ids, n, correct} of the run's last evaluation, or None."""
-    records = sorted(run.path.glob("eval_step*.json"), key=lambda p: int(p.stem.removeprefix("eval_step")))
-    return json.loads(records[-1].read_text()) if records else None
+def metric(name: str) -> str:
+    """The metrics.jsonl key of an evaluation metric on the held-out set, e.g. eval/heldout/distinct_answers."""
+    return f"eval/{EVAL_SET}/{name}"
 
 
-def per_maze_passk(group: list[Run], ks: list[int]) -> np.ndarray | None:
-    """(mazes, K) Pass@K per held-out maze, averaged over the group's seeds."""
-    counts = [c for c in (final_counts(r) for r in group) if c is not None]
-    if not counts:
-        return None
-    return np.mean([pass_at_k(c["n"], np.asarray(c["correct"]), ks) for c in counts], axis=0)
+def evaluated(run: Run) -> bool:
+    return EVAL_SET in run.eval_records
 
 
 def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     runs = load_runs(runs_root / f"maze-{scale}")
-    base = [r for r in runs if r.get("experiment") == "maze-base"]
-    rl = [r for r in runs if r.get("experiment") == "maze"]
-    samples = min([c["n"] for c in (final_counts(r) for r in runs) if c] or [max(PAPER_KS)])  # k <= every run's n
-    ks = [k for k in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048] if k <= samples]
-    header = [
-        "normalization",
-        "method",
-        "seeds",
-        "steps",
-        "rollouts/step",
-        *[f"Pass@{k}" for k in ks],
-        "distinct answers",
-    ]
-    rows, curves = [], {}
-    if base:
-        pk = per_maze_passk(base, ks)
-        rows.append(
-            [
-                "",
-                "Base model",
-                1,
-                base[0].get("sft.steps"),
-                "",
-                *(100 * pk.mean(0) if pk is not None else [None] * len(ks)),
-                base[0].last("eval/distinct_answers"),
-            ]
-        )
-        curves["Base model"] = pk
-    groups = sorted(
-        group_runs(rl), key=lambda g: (g[0].get("method.aggregation"), list(LABELS).index(g[0].get("method.name")))
+    base_groups = group_runs([r for r in runs if r.get("experiment") == "maze-base"])
+    rl_groups = sorted(
+        group_runs([r for r in runs if r.get("experiment") == "maze"]),
+        key=lambda g: (g[0].get("method.aggregation"), method_order(g[0].get("method.name"))),
     )
-    per_maze = {}
-
-    def row_label(g, extra=""):
-        tags = [t for t in (extra, "" if all(r.finished for r in g) else "unfinished") if t]
-        return LABELS[g[0].get("method.name")] + (f" ({', '.join(tags)})" if tags else "")
-
-    for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation")):
-        name, norm = g[0].get("method.name"), g[0].get("method.aggregation")
-        pk = per_maze_passk(g, ks)
-        rollouts = np.mean([r.series("alloc/rollouts")[1].mean() for r in g if r.series("alloc/rollouts")[1].size])
-        rows.append(
-            [
-                norm,
-                label,
-                len(g),
-                g[0].get("train.steps"),
-                float(rollouts),
-                *(100 * pk.mean(0) if pk is not None else [None] * len(ks)),
-                float(np.mean([r.last("eval/distinct_answers") or 0 for r in g])),
-            ]
-        )
-        curves[f"{label} ({norm})"] = pk
-        per_maze[(name, norm)] = pk
+    samples = min([r.eval_records[EVAL_SET]["n"] for r in with_results(runs, evaluated)] or [max(PAPER_KS)])
+    ks = [k for k in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048] if k <= samples]  # k <= every run's n
+    header = ["normalization", "method", "seeds", "steps", "rollouts/step", *[f"Pass@{k}" for k in ks]]
+    header.append("distinct answers")
+    rows, curves = [], {}
+    for label, g in label_groups(base_groups, lambda g, extra="": tagged("Base model", [extra, *status_tags(g)])):
+        row, curves[label] = maze_row("", label, g, g[0].get("sft.steps"), ks)
+        rows.append(row)
+    rl_rows = label_groups(
+        rl_groups,
+        lambda g, extra="": tagged(method_label(g[0].get("method.name")), [extra, *status_tags(g)]),
+        key=lambda g: g[0].get("method.aggregation"),
+    )
+    for label, g in rl_rows:
+        norm = g[0].get("method.aggregation")
+        row, curves[f"{label} ({norm})"] = maze_row(norm, label, g, g[0].get("train.steps"), ks)
+        rows.append(row)
     paper_rows = [
         [
             "paper: " + (p["normalization"] or ""),
@@ -115,33 +94,44 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
         "|---|" + "---|" * len(ks),
     ]
     for norm in ("token-mean", "seqnorm"):
-        a, b = per_maze.get(("sera", norm)), per_maze.get(("maxrl", norm))
-        if a is not None and b is not None and a.shape != b.shape:
-            raise ValueError(f"SERA and MaxRL ({norm}) were evaluated on different held-out mazes; refusing to pair")
-        if a is None or b is None:
-            lines.append(f"| {norm} | " + " | ".join(["not run"] * len(ks)) + " |")
+        candidates = [g for g in rl_groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated)]
+        pair = sera_maxrl_pair(candidates, f"maze, {norm}")
+        if not isinstance(pair, tuple):
+            lines.append(f"| {norm} | " + " | ".join([pair or "not run"] + [""] * (len(ks) - 1)) + " |")
             continue
-        ci = paired_bootstrap_ci(a, b)
-        lines.append(
-            f"| {norm} | "
-            + " | ".join(
-                f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
-                for d, lo, hi in zip(ci.delta, ci.low, ci.high, strict=True)
-            )
-            + " |"
-        )
+        a, b = (per_question(g, EVAL_SET, ks) for g in pair)
+        sera, maxrl, _ = pair_by_question(a, b, f"maze SERA vs MaxRL ({norm})")
+        ci = paired_bootstrap_ci(sera, maxrl)
+        cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
+        lines.append(f"| {norm} | " + " | ".join(cells) + " |")
+    base = with_results([r for g in base_groups for r in g], evaluated)
+    rate = base[0].last(metric("best_fixed_answer_rate")) if base else None
     extra = ""
-    if base:
-        extra = (
-            f"\nBest single fixed answer solves {100 * (base[0].last('eval/best_fixed_answer_rate') or 0):.2f}% "
-            "of the held-out mazes (the shortcut baseline).\n"
-        )
+    if rate is not None:
+        extra = f"\nBest single fixed answer solves {100 * rate:.2f}% of the held-out mazes (the shortcut baseline).\n"
     verdict = "\n".join(lines) + "\n" + extra
     (out / "table4_verdict.md").write_text(verdict)
-    passk_figure(curves, ks, out / "passk_curves", "Maze navigation: held-out Pass@K")
+    passk_figure(curves, out / "passk_curves", "Maze navigation: held-out Pass@K")
     text = f"# Table 4 (maze navigation), scale={scale}\n\n{md}\n{verdict}"
     print(text)
     return text
+
+
+def maze_row(norm: str, label: str, group: list[Run], steps, ks: list[int]) -> tuple[list, PerQuestion | None]:
+    """(one Table 4 row, the group's per-maze Pass@K): seed means over the runs with a held-out record."""
+    runs = with_results(group, evaluated)
+    pq = per_question(runs, EVAL_SET, ks)
+    rollouts = mean_over(runs, lambda r: float(v.mean()) if (v := r.series("alloc/rollouts")[1]).size else None)
+    row = [
+        norm,
+        label,
+        len(runs),
+        steps,
+        "" if rollouts is None else rollouts,
+        *(100 * pq.values.mean(axis=0) if pq is not None else [None] * len(ks)),
+        mean_over(runs, lambda r: r.last(metric("distinct_answers"))),
+    ]
+    return row, pq
 
 
 def main(argv=None) -> None:

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import csv
+import math
+from numbers import Real
 from pathlib import Path
 
 NOT_RUN = "not run"
 
 
 def fmt(value, digits: int = 2) -> str:
-    """A cell: numbers rounded, None as 'not run', strings as given."""
+    """A cell: numbers rounded (NaN and infinities as 'nan', 'inf', '-inf'), None as 'not run', strings as given."""
     if value is None:
         return NOT_RUN
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def bold_better(rows: list[list], i: int, j: int, columns) -> set:
+    """(row, column) cells to set in bold: in each column, the larger of rows i and j when both are finite numbers
+    that differ (a NaN, an infinity, a text cell or a tie is never 'better')."""
+    bold = set()
+    for col in columns:
+        a, b = rows[i][col], rows[j][col]
+        if all(isinstance(v, Real) and math.isfinite(v) for v in (a, b)) and a != b:
+            bold.add((i, col) if a > b else (j, col))
+    return bold
 
 
 def write_table(out_stem: Path, header: list[str], rows: list[list], digits: int = 2, bold: set | None = None) -> str:
@@ -77,12 +90,12 @@ def save_figure(fig, stem: Path) -> None:
     pyplot().close(fig)
 
 
-def passk_figure(curves: dict, ks: list[int], stem: Path, title: str) -> None:
-    """Pass@K (%) against K on a log2 axis, one line per label; curves hold (questions, K) arrays or None."""
+def passk_figure(curves: dict, stem: Path, title: str) -> None:
+    """Pass@K (%) against K on a log2 axis, one line per label; curves hold PerQuestion results (ks, values) or None."""
     fig, ax = pyplot().subplots(figsize=(6, 4))
     for label, per_question in curves.items():
         if per_question is not None:
-            ax.plot(ks, 100 * per_question.mean(axis=0), marker="o", ms=3, label=label)  # NaN where k > samples
+            ax.plot(per_question.ks, 100 * per_question.values.mean(axis=0), marker="o", ms=3, label=label)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="K", ylabel="Pass@K (%)", title=title)
     if ax.lines:

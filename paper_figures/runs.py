@@ -1,8 +1,21 @@
-"""Reading run directories for tables and figures: robust to the folders real work leaves behind.
+"""Reading run directories for tables and figures: robust to the folders real work leaves behind. No torch.
 
-A run directory holds config.yaml, metrics.jsonl and (when finished) DONE. Corrupt JSONL lines are reported with
-file and line and skipped; unfinished runs are kept but marked; runs whose settings differ (budget, steps, scale)
-are never averaged together: `group_runs` keys them by every config value except the seed. No torch.
+A run directory holds the files named in sera.runlog (config, metrics, DONE, and per-question evaluation records
+or val_p.npy). The rules every table follows, so that none reports a wrong number:
+- A corrupt JSONL line (bad JSON, no step, a non-UTF-8 byte) is reported with file and line and skipped.
+- A finished run whose last metrics line is corrupt, or any run whose newest per-question record is unreadable, has
+  lost its final evaluation: it contributes nothing, its row is tagged "corrupt final record", and stderr says why.
+  An earlier evaluation is never used in its place.
+- Only runs with results count as seeds; a folder with only config.yaml is an unfinished run with no numbers. Rows
+  with an unfinished run are tagged "unfinished".
+- NaN (logged as null) and infinities (logged as "inf"/"-inf") are read as such and shown as "nan"/"inf".
+- Runs whose settings differ (budget, steps, scale) are never averaged together: `group_runs` keys them by every
+  config value except the seed, and `label_groups` keeps rows that would collide apart.
+- Pairing for SERA-minus-MaxRL intervals: per-question records pair by question id (`pair_by_question`). Data that
+  cannot be paired (different question ids or array lengths) is an error naming the runs: no table should be built
+  over such runs. An ambiguous pairing (two differently configured SERA or MaxRL groups for one partner, e.g. two
+  step counts) is a legitimate state of a scale folder, so `sera_maxrl_pair` refuses it with a "refused: ..." cell
+  and names both groups' run paths on stderr, and the rest of the tables are still built.
 """
 
 from __future__ import annotations
@@ -15,17 +28,25 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from sera.methods import METHODS
+from sera.passk import pass_at_k
+from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE
+
 # Config keys that do not change what a run measures (so runs differing only in these may share a row).
 NON_RESULT_KEYS = ("seed", "threads", "progress", "wandb", "device", "run", "data.workers")
+CORRUPT_FINAL = "corrupt final record"
+UNFINISHED = "unfinished"
 
 
 @dataclass
 class Run:
     path: Path
     config: dict
-    records: list[dict]
+    records: list[dict]  # metrics.jsonl, one dict a line
     finished: bool
     problems: list[str] = field(default_factory=list)
+    eval_records: dict[str, dict] = field(default_factory=dict)  # set -> newest record {"ids", "n", "correct"}
+    corrupt_final: bool = False  # final evaluation lost: a finished run's last line, or a newest record, is corrupt
 
     def get(self, dotted: str, default=None):
         """A config value by dotted key, e.g. run.get('method.name')."""
@@ -37,41 +58,95 @@ class Run:
         return node
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of a metric over the records that carry it (None values skipped)."""
-        pairs = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
+        """(steps, values) of a metric over the records that carry it; null reads as NaN, "inf"/"-inf" as such."""
+        pairs = [(r["step"], np.nan if r[key] is None else float(r[key])) for r in self.records if key in r]
         if not pairs:
             return np.array([], dtype=int), np.array([])
         steps, values = zip(*pairs, strict=True)
         return np.asarray(steps), np.asarray(values, dtype=float)
 
-    def last(self, key: str):
-        """The last logged value of a metric, or None."""
+    def last(self, key: str) -> float | None:
+        """The last logged value of a metric (NaN if logged as null), or None when never logged."""
         _, values = self.series(key)
         return float(values[-1]) if values.size else None
 
 
-def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
-    """Records of a JSONL file, and one message per corrupt line (file:line: reason), which is skipped."""
-    records, problems = [], []
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+def method_label(name: str) -> str:
+    """The paper's display name of a method (sera.methods registry), or the raw name for one not in it."""
+    return METHODS[name].label if name in METHODS else str(name)
+
+
+def method_order(name: str) -> int:
+    """Position of a method in the registry (the paper's row order); unknown names last."""
+    return list(METHODS).index(name) if name in METHODS else len(METHODS)
+
+
+def method_setting(run: Run, key: str):
+    """A method setting of the run (e.g. 'estimator', 'pilot_m'), the registry's default where the config is null."""
+    value, name = run.get(f"method.{key}"), run.get("method.name")
+    return getattr(METHODS[name], key) if value is None and name in METHODS else value
+
+
+def read_jsonl(path: Path) -> tuple[list[dict], list[str], bool]:
+    """Records of a JSONL file, one message per corrupt line (file:line: reason), which is skipped, and whether the
+    last non-empty line was corrupt."""
+    records, problems, last_corrupt = [], [], False
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError
                 if not isinstance(record, dict) or "step" not in record:
                     raise ValueError("not a JSON object with a 'step'")
                 records.append(record)
+                last_corrupt = False
             except ValueError as err:
                 problems.append(f"{path}:{number}: corrupt line skipped ({err})")
+                last_corrupt = True
+    return records, problems, last_corrupt
+
+
+def read_eval_records(path: Path) -> tuple[dict[str, dict], list[str]]:
+    """The newest per-question record of each evaluation set in a run directory, and messages for unreadable ones
+    (an unreadable newest record is not replaced by an older one)."""
+    newest: dict[str, tuple[int, Path]] = {}
+    for file in path.iterdir():
+        if match := EVAL_RECORD.fullmatch(file.name):
+            step, eval_set = int(match.group(1)), match.group(2)
+            if eval_set not in newest or step > newest[eval_set][0]:
+                newest[eval_set] = (step, file)
+    records, problems = {}, []
+    for eval_set, (_, file) in sorted(newest.items()):
+        try:
+            record = json.loads(file.read_bytes().decode("utf-8"))
+            if not isinstance(record, dict) or "n" not in record or len(record["ids"]) != len(record["correct"]):
+                raise ValueError("not {ids, n, correct} with one count per id")
+            records[eval_set] = record
+        except (ValueError, TypeError, KeyError) as err:
+            problems.append(
+                f"{file}: unreadable per-question record ({err}), so the run's final {eval_set} evaluation is lost: "
+                f"the run is left out and its row marked '{CORRUPT_FINAL}'"
+            )
     return records, problems
 
 
 def load_run(path: Path) -> Run:
-    config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-    metrics = path / "metrics.jsonl"
-    records, problems = read_jsonl(metrics) if metrics.exists() else ([], [f"{path}: no metrics.jsonl"])
-    return Run(path, config, records, (path / "DONE").exists(), problems)
+    config = yaml.safe_load((path / CONFIG_FILE).read_text()) or {}
+    finished = (path / DONE_FILE).exists()
+    metrics = path / METRICS_FILE
+    records, problems, last_corrupt = (
+        read_jsonl(metrics) if metrics.exists() else ([], [f"{path}: no {METRICS_FILE}"], False)
+    )
+    eval_records, record_problems = read_eval_records(path)
+    problems += record_problems
+    if finished and last_corrupt:
+        problems.append(
+            f"{metrics}: the last line of a finished run is corrupt, so its final evaluation is lost: the run is left "
+            f"out and its row marked '{CORRUPT_FINAL}'"
+        )
+    corrupt_final = bool(record_problems) or (finished and last_corrupt)
+    return Run(path, config, records, finished, problems, eval_records, corrupt_final)
 
 
 def load_runs(root: str | Path, report=None) -> list[Run]:
@@ -80,13 +155,41 @@ def load_runs(root: str | Path, report=None) -> list[Run]:
     root = Path(root)
     if not root.exists():
         return []
-    runs = [load_run(p.parent) for p in sorted(root.rglob("config.yaml")) if ".sweeps" not in p.parts]
+    runs = [load_run(p.parent) for p in sorted(root.rglob(CONFIG_FILE)) if ".sweeps" not in p.parts]
     for run in runs:
         for problem in run.problems:
             print(problem, file=report)
         if not run.finished:
-            print(f"{run.path}: unfinished (no DONE); its cells are marked", file=report)
+            print(f"{run.path}: unfinished (no DONE); its row is marked", file=report)
     return runs
+
+
+def with_results(group: list[Run], has_result) -> list[Run]:
+    """The runs of a group that contribute numbers (the seeds a row counts): those with a result whose final
+    evaluation is not lost."""
+    return [r for r in group if not r.corrupt_final and has_result(r)]
+
+
+def status_tags(group: list[Run]) -> list[str]:
+    """Row tags for runs whose numbers are missing or partial."""
+    tags = []
+    if any(r.corrupt_final for r in group):
+        tags.append(CORRUPT_FINAL)
+    if not all(r.finished for r in group):
+        tags.append(UNFINISHED)
+    return tags
+
+
+def tagged(label: str, tags: list[str]) -> str:
+    """A row label with its non-empty tags in brackets: 'SERA (m=2, unfinished)'."""
+    tags = [t for t in tags if t]
+    return label + (f" ({', '.join(tags)})" if tags else "")
+
+
+def mean_over(runs: list[Run], fn) -> float | None:
+    """Mean of fn(run) over the runs where it is not None (NaN stays NaN), or None."""
+    values = [v for v in (fn(r) for r in runs) if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -137,3 +240,68 @@ def label_groups(groups: list[list[Run]], row_label, key=lambda g: None) -> list
             extra = ", ".join(f"{k}={dict(setting(g[0])).get(k)}" for k in keys)
             out.append((row_label(g, extra) if extra else row_label(g), g))
     return out
+
+
+def sera_maxrl_pair(groups: list[list[Run]], where: str) -> tuple[list[Run], list[Run]] | str | None:
+    """The (SERA, MaxRL) groups to compare among `groups` (already narrowed to one n0 or normalisation, and to groups
+    with results); None when either is missing; a "refused: ..." cell when two differently configured groups of one
+    method would be paired with the same partner (stderr then names both groups' run paths)."""
+    found = {name: [g for g in groups if g[0].get("method.name") == name] for name in ("sera", "maxrl")}
+    for name, candidates in found.items():
+        if len(candidates) > 1:
+            keys = ", ".join(differing_keys(candidates))
+            paths = " | ".join(", ".join(str(r.path) for r in g) for g in candidates)
+            message = f"{len(candidates)} {method_label(name)} groups differ in {keys}"
+            print(f"{where}: refused to pair, {message}: {paths}", file=sys.stderr)
+            names = " vs ".join(g[0].path.name for g in candidates)
+            return f"refused: {message} ({names})"
+    if not found["sera"] or not found["maxrl"]:
+        return None
+    return found["sera"][0], found["maxrl"][0]
+
+
+@dataclass
+class PerQuestion:
+    """Pass@k per question of one group on one evaluation set, averaged over its seeds."""
+
+    ids: tuple  # question ids, sorted
+    ks: list[int]  # the k every seed's sample count allows
+    values: np.ndarray  # (questions, len(ks)); NaN where a count was NaN
+    runs: list[Run]  # the seeds that contributed
+
+
+def _passk_per_question(record: dict, ks: list[int]) -> tuple[tuple, np.ndarray]:
+    """(sorted ids, (questions, K) Pass@k in that order) of one record; a NaN (or null) count gives NaN."""
+    order = sorted(range(len(record["ids"])), key=lambda i: record["ids"][i])
+    counts = np.array([np.nan if record["correct"][i] is None else record["correct"][i] for i in order], dtype=float)
+    values = np.full((counts.size, len(ks)), np.nan)
+    finite = np.isfinite(counts)
+    values[finite] = pass_at_k(record["n"], counts[finite].astype(np.int64), ks)
+    return tuple(record["ids"][i] for i in order), values
+
+
+def per_question(runs: list[Run], eval_set: str, ks: list[int]) -> PerQuestion | None:
+    """Pass@k per question (sorted by id) from each run's newest record on `eval_set`, averaged over the runs that
+    have one; None when none has. Seeds evaluated on different questions are an error naming them."""
+    runs = with_results(runs, lambda r: eval_set in r.eval_records)
+    if not runs:
+        return None
+    usable = [k for k in ks if k <= min(r.eval_records[eval_set]["n"] for r in runs)]
+    per_run = [_passk_per_question(r.eval_records[eval_set], usable) for r in runs]
+    if len({ids for ids, _ in per_run}) > 1:
+        sizes = ", ".join(f"{r.path} ({len(ids)} questions)" for r, (ids, _) in zip(runs, per_run, strict=True))
+        raise ValueError(f"seeds of one setting evaluated different {eval_set} questions: {sizes}")
+    return PerQuestion(per_run[0][0], usable, np.mean([v for _, v in per_run], axis=0), runs)
+
+
+def pair_by_question(a: PerQuestion, b: PerQuestion, what: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(a values, b values, ks): the two groups' per-question Pass@k aligned by question id over the k both allow.
+    Different question-id sets are an error naming the runs of both."""
+    if a.ids != b.ids:
+        only_a, only_b = len(set(a.ids) - set(b.ids)), len(set(b.ids) - set(a.ids))
+        raise ValueError(
+            f"{what}: refusing to pair runs evaluated on different questions ({only_a} ids only in "
+            f"{[str(r.path) for r in a.runs]}, {only_b} only in {[str(r.path) for r in b.runs]})"
+        )
+    ks = [k for k in a.ks if k in b.ks]
+    return a.values[:, [a.ks.index(k) for k in ks]], b.values[:, [b.ks.index(k) for k in ks]], ks

@@ -1,5 +1,5 @@
-"""Math tables (1, 5-9) and the maze table from fixture run directories: known cells, paired intervals, not-run
-cells, and runs with other settings kept apart."""
+"""Math tables (1, 5-9) from fixture run directories: known cells, paired intervals, not-run cells, runs with other
+settings kept apart, and refused pairings."""
 
 import csv
 import json
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from paper_figures import math as math_tables
-from paper_figures import maze as maze_tables
 from sera.passk import pass_at_k
+from sera.runlog import CONFIG_FILE, DONE_FILE, METRICS_FILE, eval_record_file
 from sera.stats import paired_bootstrap_ci
 
 
@@ -38,13 +38,13 @@ def math_run(
         "method": {"name": method, "aggregation": aggregation},
         "train": {"steps": steps, "batch_size": 32},
     }
-    (path / "config.yaml").write_text(yaml.safe_dump(config))
-    (path / "metrics.jsonl").write_text(json.dumps({"step": steps}) + "\n")
-    record = {"ids": list(range(len(correct))), "n": n, "correct": list(map(int, correct))}
-    (path / f"eval_step{steps}_{dataset}.json").write_text(json.dumps(record))
-    (path / f"eval_step{steps // 2}_{dataset}.json").write_text(json.dumps({**record, "correct": [0] * len(correct)}))
+    (path / CONFIG_FILE).write_text(yaml.safe_dump(config))
+    (path / METRICS_FILE).write_text(json.dumps({"step": steps}) + "\n")
+    record = {"ids": list(range(len(correct))), "n": n, "correct": [None if c is None else int(c) for c in correct]}
+    (path / eval_record_file(steps, dataset)).write_text(json.dumps(record))
+    (path / eval_record_file(steps // 2, dataset)).write_text(json.dumps({**record, "correct": [0] * len(correct)}))
     if done:
-        (path / "DONE").write_text("{}")
+        (path / DONE_FILE).write_text("{}")
     return path
 
 
@@ -108,65 +108,60 @@ def test_table6_keeps_other_settings_apart_and_samples_cap_k(tmp_path, capsys):
     assert all(r["Pass@128"] == "not run" for r in mine)  # 64 samples cannot estimate Pass@128
 
 
-def maze_run(root, name, experiment, method, correct, aggregation="token-mean", n=64):
-    path = root / "maze-cpu" / name
-    path.mkdir(parents=True)
-    config = {
-        "experiment": experiment,
-        "seed": 0,
-        "n0": 16,
-        "method": {"name": method, "aggregation": aggregation},
-        "train": {"steps": 100},
-        "sft": {"steps": 240},
-    }
-    (path / "config.yaml").write_text(yaml.safe_dump(config))
-    metrics = {"step": 99, "alloc/rollouts": 512, "eval/distinct_answers": 3.0, "eval/best_fixed_answer_rate": 0.05}
-    (path / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
-    (path / "eval_step100.json").write_text(
-        json.dumps({"ids": list(range(len(correct))), "n": n, "correct": list(correct)})
-    )
-    (path / "DONE").write_text("{}")
-
-
-def test_table4_from_maze_runs(tmp_path):
-    maze_run(tmp_path, "base", "maze-base", "none", [0, 1, 2, 0])
-    maze_run(tmp_path, "m", "maze", "maxrl", [10, 0, 64, 5])
-    maze_run(tmp_path, "s", "maze", "sera", [12, 3, 64, 9])
-    text = maze_tables.table4(tmp_path, "cpu", tmp_path / "out")
-    rows = rows_of(tmp_path / "out" / "maze-cpu" / "table4.csv")
-    sera = next(r for r in rows if r["method"] == "SERA" and r["normalization"] == "token-mean")
-    assert float(sera["Pass@8"]) == pytest.approx(100 * pass_at_k(64, np.array([12, 3, 64, 9]), 8).mean(), abs=0.005)
-    assert "Best single fixed answer solves 5.00%" in text
-    assert "| seqnorm | not run" in text
-    assert (tmp_path / "out" / "maze-cpu" / "passk_curves.png").exists()
-
-
-def test_report_has_every_table_and_says_what_was_not_run(tmp_path):
-    from paper_figures import report
-
-    maze_run(tmp_path, "s", "maze", "sera", [12, 3, 64, 9])
-    text = report.build(tmp_path, "cpu", tmp_path / "out")
-    for title in ["Table 2", "Table 3", "Table 4", "Table1", "Table5", "Table6", "Table7", "Table8", "Table9"]:
-        assert f"## {title}" in text
-    assert "No runs under" in text and "1 runs under" in text and "not run" in text
-    assert (tmp_path / "out" / "REPORT.md").read_text() == text
-
-
 def test_delta_refuses_to_pair_different_questions(tmp_path):
     math_run(tmp_path, "maxrl", "maxrl", [1, 2, 3])
     path = math_run(tmp_path, "sera", "sera", [1, 2, 3])
-    record = json.loads((path / "eval_step2000_gsm8k-platinum.json").read_text())
-    (path / "eval_step2000_gsm8k-platinum.json").write_text(json.dumps({**record, "ids": [5, 6, 7]}))
-    with pytest.raises(ValueError, match="different GSM8K-Platinum questions"):
+    record_file = path / eval_record_file(2000, "gsm8k-platinum")
+    record_file.write_text(json.dumps({**json.loads(record_file.read_text()), "ids": [5, 6, 7]}))
+    with pytest.raises(ValueError, match="GSM8K-Platinum SERA vs MaxRL .* different questions") as err:
         math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+    assert f"3 ids only in ['{path}']" in str(err.value)
 
 
 def test_question_order_does_not_matter(tmp_path):
     math_run(tmp_path, "maxrl", "maxrl", [10, 20, 30])
     path = math_run(tmp_path, "sera", "sera", [30, 20, 10])
-    (path / "eval_step2000_gsm8k-platinum.json").write_text(
+    (path / eval_record_file(2000, "gsm8k-platinum")).write_text(
         json.dumps({"ids": [2, 1, 0], "n": 512, "correct": [30, 20, 10]})
     )
     math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     rows = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")
     assert all(float(r["delta (pp)"]) == 0 for r in rows)  # the same counts per question id
+
+
+def test_two_sera_groups_for_one_maxrl_are_refused(tmp_path, capsys):
+    math_run(tmp_path, "maxrl", "maxrl", [1, 2, 3])
+    a = math_run(tmp_path, "sera-1000", "sera", [4, 5, 6], steps=1000)
+    b = math_run(tmp_path, "sera-2000", "sera", [4, 5, 6], steps=2000)
+    math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+    rows = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")
+    assert [r["delta (pp)"] for r in rows] == [
+        "refused: 2 SERA groups differ in train.steps (sera-1000 vs sera-2000)"
+    ] * 3
+    assert rows[0]["95% CI low"] == "" and rows[0]["paper delta"] == "4.69"
+    err = capsys.readouterr().err
+    assert f"GSM8K-Platinum, token-mean: refused to pair, 2 SERA groups differ in train.steps: {a} | {b}" in err
+
+
+def test_seeds_count_runs_with_a_record_of_the_dataset(tmp_path):
+    kw = {"model": "qwen2.5-math-1.5b", "n": 8}
+    math_run(tmp_path, "s0", "sera", [1, 2], dataset="aime2025", seed=0, **kw)
+    math_run(tmp_path, "s1", "sera", [3, 4], dataset="beyondaime", seed=1, **kw)
+    math_run(tmp_path, "s2", "sera", [5, 6], dataset="aime2025", seed=2, done=False, **kw)
+    math_tables.passk_table("table6", tmp_path, "paper", tmp_path / "out")
+    rows = [r for r in rows_of(tmp_path / "out" / "math-paper" / "table6.csv") if r["source"] == "reproduced"]
+    assert [(r["dataset"], r["method"], r["seeds"]) for r in rows] == [
+        ("BeyondAIME", "SERA (token-mean, unfinished)", "1"),
+        ("AIME 2025", "SERA (token-mean, unfinished)", "2"),
+    ]
+    assert float(rows[1]["Pass@1"]) == pytest.approx(100 * np.mean([1, 2, 5, 6]) / 8, abs=0.005)
+
+
+def test_nan_counts_show_as_nan_and_are_never_bold(tmp_path):
+    math_run(tmp_path, "maxrl", "maxrl", [None, 100])
+    math_run(tmp_path, "sera", "sera", [10, 20])
+    math_tables.passk_table("table1", tmp_path, "paper", tmp_path / "out")
+    rows = rows_of(tmp_path / "out" / "math-paper" / "table1.csv")
+    assert next(r for r in rows if r["method"] == "MaxRL (token-mean)")["Pass@1"] == "nan"
+    md = (tmp_path / "out" / "math-paper" / "table1.md").read_text()
+    assert "**" not in next(line for line in md.splitlines() if "| SERA (token-mean) | reproduced" in line)

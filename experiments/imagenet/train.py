@@ -411,10 +411,15 @@ def step_metrics(settings: MethodSettings, out, loss) -> dict:
 
 
 def gradient_alignment(settings: MethodSettings, loss, ce_loss, logp_true, out, params) -> dict:
-    """Cosine of the step's gradient, and of its expectation, to the CE (exact likelihood) gradient, same batch.
+    """Cosine of the step's gradient, and of its expectation given the step's counts, to the CE (exact likelihood)
+    gradient, same batch.
 
-    The expectation given the allocation is (1/N) sum_i w_i n_i kappa(p_i, n_i) grad log p_i, with kappa from
-    sera.advantages.expected_scale (c(p, n) for MaxRL): no sampling noise, only the estimator's prompt weighting.
+    grad/cos_expected_ce is E[g | n] = (1/N) sum_i w_i n_i kappa(p_i, n_i) grad log p_i, kappa from
+    sera.advantages.expected_scale (c(p, n) for MaxRL): the counts n are held at this step's values. That is the
+    expected gradient when the counts do not depend on the group's own rewards (uniform, history, oracle). With
+    pilots they do (the pilots stay in the group), and the true expectation averages over pilot outcomes, which the
+    global waterline couples across the whole batch (DESIGN.md section 2); the metric is therefore labelled
+    "cos(E[g | n], CE)": conditional on the realised counts, without sampling noise.
     """
     counts, weights = out.counts, out.weights
     g_ce = flat_grad(ce_loss, params)
