@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from experiments.imagenet import train
+from experiments.imagenet import policy
 from experiments.imagenet.data import build_digits1000
 from experiments.imagenet.model import build_model
 from sera.estimation import HistoricalEstimator
@@ -45,7 +45,7 @@ def mean_seconds(fns: dict, repeats: int, warmup: int) -> dict:
 def spec_for(name: str) -> MethodSettings:
     with initialize_config_dir(config_dir=CONFIGS, version_base=None):
         cfg = compose("imagenet", overrides=[f"method={name}", "n0=128"])
-    return train.validate(cfg)
+    return MethodSettings.from_config(cfg, policy.STUDY)
 
 
 def bench_model(make_model, x, y, repeats: int, warmup: int) -> dict:
@@ -65,7 +65,7 @@ def bench_model(make_model, x, y, repeats: int, warmup: int) -> dict:
             if spec.method.advantage is None:
                 loss = -logp_true.mean()
             else:
-                loss, _ = train.rollout_loss(spec, logp, logp_true, idx, y, history, gen)
+                loss, _ = policy.rollout_loss(spec, logp, logp_true, idx, y, history, gen)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -77,7 +77,7 @@ def bench_model(make_model, x, y, repeats: int, warmup: int) -> dict:
             probs, p = logp.exp(), logp.gather(1, y[:, None])[:, 0].exp().double().numpy()
 
             def draw(spec=spec, probs=probs, p=p, history=history, gen=gen):
-                train.draw_rollouts(spec, probs, p, idx, y.numpy(), history, gen)
+                policy.draw_rollouts(spec, probs, p, idx, y.numpy(), history, gen)
 
             fns[name + "/draw"] = draw
     return mean_seconds(fns, repeats, warmup)

@@ -89,7 +89,8 @@ def collect_uniform(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=No
 def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
     """SERA: p_hat (pilots, or p_hat_source() for history / oracle), then the waterline allocation of B * n0.
 
-    Pilots are the first m rollouts of each group and count toward the budget: only n_i - m more are drawn.
+    Pilots are the first m rollouts of each group and count toward the budget: only n_i - m more are drawn. A
+    p_hat_source that returns None has no estimate yet (the historical p_hat before any data): uniform allocation.
     """
     draws = _Draws(draw, batch)
     if s.estimator == "pilot":
@@ -97,7 +98,11 @@ def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=
         p_hat = pilot_p_hat(draws(drawn), s.pilot_m, s.p_lo, s.p_hi)
     else:
         drawn = np.zeros(batch, dtype=np.int64)
-        p_hat = np.asarray(p_hat_source(), dtype=np.float64)
+        p_hat = p_hat_source()
+        if p_hat is None:
+            draws(uniform(batch, s.n0))
+            return draws.collected()
+        p_hat = np.asarray(p_hat, dtype=np.float64)
     # SERA: spend the same budget so the scale factors c(p_hat_i, n_i) come out (nearly) equal
     counts, tau = waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.delta, return_tau=True)
     draws(counts - drawn)

@@ -26,9 +26,11 @@ def pilot_p_hat(successes, m: int, lo: float = P_LO, hi: float = P_HI) -> np.nda
 class HistoricalEstimator:
     """Historical estimate (m = 0): p_hat = the prompt's success rate the last time it was trained on, clipped.
 
-    Prompts never seen fall back to the clipped running mean success rate of all rollouts seen so far (`prior`
-    before any rollout). Prompts are integer ids in [0, num_prompts). The only stateful piece of the math modules:
-    its state is two arrays and two counters, saved with `state_dict` for resume. DESIGN section 3.
+    Prompts never seen fall back to the clipped running mean success rate of all rollouts seen so far. Before any
+    rollout there is no estimate at all (`has_data` is False): callers allocate that first step uniformly, which is
+    what the waterline gives for equal p_hat anyway, rather than pretend to know a prior. Prompts are integer ids in
+    [0, num_prompts). The only stateful piece of the math modules: its state is two arrays and two counters, saved
+    with `state_dict` for resume. DESIGN section 3.
     """
 
     def __init__(self, num_prompts: int, lo: float = P_LO, hi: float = P_HI, prior: float = 0.5):
@@ -38,6 +40,11 @@ class HistoricalEstimator:
         self.last_rate = np.full(num_prompts, np.nan)  # NaN = never trained on
         self.total_successes = 0.0
         self.total_rollouts = 0
+
+    @property
+    def has_data(self) -> bool:
+        """Whether any rollout has been recorded (before that, `estimate` only returns the prior)."""
+        return self.total_rollouts > 0
 
     def fallback(self) -> float:
         """The clipped running mean success rate (prior before any data)."""

@@ -143,7 +143,7 @@ def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, opt
         reward_time += time.perf_counter() - t
         return rollouts, rewards
 
-    p_hat_source = (lambda: history.estimate(ids)) if ms.estimator == "history" else None
+    p_hat_source = (lambda: history.estimate(ids) if history.has_data else None) if ms.estimator == "history" else None
     out = collect(ms, len(prompts), draw, p_hat_source)
     rollouts = out.payloads[0] if len(out.payloads) == 1 else concat_rollouts(out.payloads, task.pad_id)
     t_gen = time.perf_counter() - t0

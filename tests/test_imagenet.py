@@ -12,7 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from experiments.imagenet import train
+from experiments.imagenet import policy, train
 from experiments.imagenet.sampling import RowSampler
 from sera.allocation import scale_factor
 from sera.estimation import HistoricalEstimator
@@ -87,7 +87,7 @@ def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(name):
     params, history = list(model.parameters()), HistoricalEstimator(4)
     gen, draws = torch.Generator().manual_seed(1), []
     for _ in range(4000):
-        loss, out = train.rollout_loss(run, logp, logp_true, idx, y, history, gen)
+        loss, out = policy.rollout_loss(run, logp, logp_true, idx, y, history, gen)
         draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, retain_graph=True)]))
     assert (out.counts != run.n0).any() == (name == "sera") and out.counts.sum() == 4 * run.n0
     expected_loss = -(torch.as_tensor(scale_factor(p, out.counts, 1)) * logp_true.double()).mean()
@@ -104,7 +104,7 @@ def test_pilots_are_the_first_rollouts_of_each_group():
     probs = torch.softmax(2 * torch.randn(8, 50, generator=torch.Generator().manual_seed(0)), -1)
     y = probs.argmax(1).numpy()  # likely labels, so the pilots see successes and failures
     run = spec("sera", estimator="pilot", pilot_m=3, n0=10, n_max=80)
-    rows, labels, out = train.draw_rollouts(
+    rows, labels, out = policy.draw_rollouts(
         run, probs, None, torch.arange(8), y, None, torch.Generator().manual_seed(5)
     )
     counts, p_hat = out.counts, out.p_hat
