@@ -219,6 +219,12 @@ def test_bad_cli_input_fails_before_creating_a_run(tmp_path):
     out = run_cli(tmp_path, "scale=imagenet/smoke", "method=sera", "alloc.n_max=4", check=False)
     assert out.returncode != 0 and "infeasible budget" in out.stderr
     assert not (tmp_path / "imagenet-smoke").exists()
+    out = run_cli(tmp_path, "scale=imagenet/huge", check=False)  # Hydra alone would not list the choices
+    assert out.returncode != 0 and "unknown scale=imagenet/huge; choose from: imagenet/cpu" in out.stderr
+    out = run_cli(tmp_path, "--multirun", "method=sera,serra", check=False)
+    assert (
+        out.returncode != 0 and "unknown method=serra" in out.stderr and not tmp_path.joinpath("imagenet-cpu").exists()
+    )
 
 
 @pytest.mark.slow

@@ -233,6 +233,15 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "DONE").exists()
 
 
+def test_nonfinite_evaluation_stops_without_done(tmp_path, monkeypatch):
+    import sera.lm_loop as loop
+
+    monkeypatch.setattr(loop, "evaluate", lambda *a: ({"eval/pair/pass@1": float("nan")}, {}))
+    with pytest.raises(NonFiniteError, match="non-finite evaluation at step 2"):
+        run_toy(loop_cfg("grpo", "none", 0, steps=4), tmp_path / "run")
+    assert not (tmp_path / "run" / "DONE").exists()
+
+
 def test_evaluate_counts_correct_per_question():
     _, ls = settings(loop_cfg())
     metrics, records = evaluate(ls, ToyTask(), HFEngine(tiny_model(), EOS, PAD), torch.Generator().manual_seed(0))

@@ -207,3 +207,39 @@ def distinct_answers(answers: list) -> int:
     so a maze whose samples are all malformed scores 0."""
     decoded = (decode_answer(a) for a in answers)
     return len({tuple(m) for m in decoded if m is not None})
+
+
+EVAL_SET = "heldout"  # the name of the maze's one evaluation set (records eval_step<N>_heldout.json)
+
+
+class MazeTask:
+    """Fresh training mazes every step (per run seed), a fixed held-out set; prompts are identified by maze seed."""
+
+    eos_id, pad_id, num_prompts = DONE_ID, PAD_ID, None
+
+    def __init__(self, cells: int, num_eval: int, run_seed: int = 0):
+        self.cells, self.run_seed = cells, run_seed
+        self.eval_ids = np.arange(HELDOUT_SEED, HELDOUT_SEED + num_eval)
+        self.eval_grids = {int(s): g for s, g in zip(self.eval_ids, heldout_mazes(num_eval, cells), strict=True)}
+        self.grids = dict(self.eval_grids)
+
+    def train_prompts(self, step: int, batch: int):
+        ids = np.array([train_maze_seed(step, i, batch, self.run_seed) for i in range(batch)])
+        self.grids = {**self.eval_grids, **{int(s): generate_maze(self.cells, int(s)) for s in ids}}
+        return ids, [encode_prompt(self.grids[int(s)]) for s in ids]
+
+    def eval_sets(self):
+        return {EVAL_SET: (self.eval_ids, [encode_prompt(self.eval_grids[int(s)]) for s in self.eval_ids])}
+
+    def rewards(self, ids, responses, truncated):
+        """1 iff the moves reach the goal (a truncated answer has no DONE, so it is malformed and scores 0)."""
+        return np.array([reward(self.grids[int(i)], r) for i, r in zip(ids, responses, strict=True)])
+
+    def eval_extras(self, name, ids, rollouts) -> dict:
+        """Diversity: distinct well-formed answers per held-out maze (the shortcut trap collapses it)."""
+        index = rollouts.prompt_index.numpy()
+        answers = [rollouts.tokens[r][rollouts.mask[r].bool()].tolist() for r in range(len(index))]
+        per_maze = [
+            distinct_answers([a for a, i in zip(answers, index, strict=True) if i == j]) for j in range(len(ids))
+        ]
+        return {"distinct_answers": np.asarray(per_maze, dtype=np.float64)}

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import hydra
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.maze import task as maze
 from experiments.maze.model import PRESETS, build_model
 from experiments.maze.sft import base_config, train_base
+from experiments.maze.task import EVAL_SET, MazeTask
 from sera.config import check_group_choices, check_optim, check_run_settings
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
 from sera.methods import MethodSettings, Study
@@ -29,40 +29,6 @@ from sera.runlog import RunDir, finished_summary
 from sera.threads import set_torch_threads
 
 STUDY = Study("maze", repeated_prompts=False)  # fresh mazes every step: no historical p_hat
-EVAL_SET = "heldout"
-
-
-class MazeTask:
-    """Fresh training mazes every step (per run seed), a fixed held-out set; prompts are identified by maze seed."""
-
-    eos_id, pad_id, num_prompts = maze.DONE_ID, maze.PAD_ID, None
-
-    def __init__(self, cells: int, num_eval: int, run_seed: int = 0):
-        self.cells, self.run_seed = cells, run_seed
-        self.eval_ids = np.arange(maze.HELDOUT_SEED, maze.HELDOUT_SEED + num_eval)
-        self.eval_grids = {int(s): g for s, g in zip(self.eval_ids, maze.heldout_mazes(num_eval, cells), strict=True)}
-        self.grids = dict(self.eval_grids)
-
-    def train_prompts(self, step: int, batch: int):
-        ids = np.array([maze.train_maze_seed(step, i, batch, self.run_seed) for i in range(batch)])
-        self.grids = {**self.eval_grids, **{int(s): maze.generate_maze(self.cells, int(s)) for s in ids}}
-        return ids, [maze.encode_prompt(self.grids[int(s)]) for s in ids]
-
-    def eval_sets(self):
-        return {EVAL_SET: (self.eval_ids, [maze.encode_prompt(self.eval_grids[int(s)]) for s in self.eval_ids])}
-
-    def rewards(self, ids, responses, truncated):
-        """1 iff the moves reach the goal (a truncated answer has no DONE, so it is malformed and scores 0)."""
-        return np.array([maze.reward(self.grids[int(i)], r) for i, r in zip(ids, responses, strict=True)])
-
-    def eval_extras(self, name, ids, rollouts) -> dict:
-        """Diversity: distinct well-formed answers per held-out maze (the shortcut trap collapses it)."""
-        index = rollouts.prompt_index.numpy()
-        answers = [rollouts.tokens[r][rollouts.mask[r].bool()].tolist() for r in range(len(index))]
-        per_maze = [
-            maze.distinct_answers([a for a, i in zip(answers, index, strict=True) if i == j]) for j in range(len(ids))
-        ]
-        return {"distinct_answers": np.asarray(per_maze, dtype=np.float64)}
 
 
 def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
