@@ -71,8 +71,8 @@ reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and 
 reproduce-math: ## Tables 1, 5-9 (math reasoning; GPUs and model weights) - not implemented yet
 	@echo "reproduce-math: the math study is not implemented yet (see README, Math reasoning)"; exit 1
 
-tables: install ## rebuild the paper tables that have runs (runs/ -> paper_figures/out/), SCALE=cpu|paper
-	$(PY) -m paper_figures.report --scale $(SCALE)
+tables: install ## rebuild the paper tables (runs/ -> paper_figures/out/, tables copied to results/SCALE/), SCALE=cpu|paper
+	$(PY) -m paper_figures.report --scale $(SCALE) --results results/$(SCALE)
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 

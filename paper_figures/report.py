@@ -2,13 +2,16 @@
 
 Run: python -m paper_figures.report --scale cpu   (make tables). Writes paper_figures/out/REPORT.md plus each table's
 markdown, CSV and LaTeX, and the figures. Each section names the scale, steps and budget its rows were run at; a
-table without runs still appears, with its cells marked "not run".
+table without runs still appears, with its cells marked "not run". With --results DIR (make tables: results/<scale>)
+the markdown and CSV files are also copied there: the measured tables README.md quotes are committed in that folder,
+and tests/test_readme_numbers.py checks every number README.md quotes from them.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -69,15 +72,29 @@ def build(runs_root: Path, scale: str, out_root: Path = OUT, math_scale: str = "
     return report
 
 
+def copy_results(out_root: Path, results: Path) -> list[Path]:
+    """Copy every markdown and CSV table under out_root into results/ (same relative paths); returns the copies."""
+    copies = []
+    for source in sorted(p for p in out_root.rglob("*") if p.suffix in (".md", ".csv")):
+        target = results / source.relative_to(out_root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        copies.append(target)
+    return copies
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="cpu", help="scale of the imagenet and maze runs")
     parser.add_argument("--math-scale", default="paper")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--results", type=Path, default=None, help="also copy the tables (md, csv) into this folder")
     args = parser.parse_args(argv)
     build(args.runs, args.scale, args.out, args.math_scale)
     print(f"wrote {args.out / 'REPORT.md'}")
+    if args.results is not None:
+        print(f"copied {len(copy_results(args.out, args.results))} tables into {args.results}")
 
 
 if __name__ == "__main__":
