@@ -201,3 +201,16 @@ def test_a_started_group_without_results_does_not_block_the_pairing(tmp_path):
     rows, text = table4_rows(tmp_path)
     assert [(r["method"], r["seeds"]) for r in reproduced(rows, "SERA")] == [("SERA", "1"), ("SERA (unfinished)", "0")]
     assert "refused" not in text and "| token-mean | +" in text
+
+
+def test_sera_minus_maxrl_seed_by_seed(tmp_path):
+    """Each seed's difference is its own SERA run minus its own MaxRL run, averaged over mazes (ids paired)."""
+    maze_run(tmp_path, "maxrl0", "maxrl", [10, 0, 64, 5], seed=0)
+    maze_run(tmp_path, "sera0", "sera", [12, 3, 64, 9], seed=0)
+    maze_run(tmp_path, "maxrl1", "maxrl", [20, 1, 30, 0], seed=1)
+    maze_run(tmp_path, "sera1", "sera", [0, 1, 30, 20], ids=[3, 1, 2, 0], seed=1)  # mazes 0 and 3 swapped
+    _, text = table4_rows(tmp_path)
+    assert "seed by seed" in text
+    d0 = passk([12, 3, 64, 9], 1) - passk([10, 0, 64, 5], 1)
+    d1 = 0.0  # seed 1's SERA solves each maze exactly as often as its MaxRL once the ids are paired
+    assert f"| token-mean | 0 | {d0:+.2f} |" in text and f"| token-mean | 1 | {d1:+.2f} |" in text
