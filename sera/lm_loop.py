@@ -7,6 +7,12 @@ accumulate to the full-batch gradient; optimizer step; weight sync. `train` adds
 task's named evaluation sets (one per-question record each), checkpoints, resume, and stops (no DONE) on repeated
 non-finite steps or a non-finite evaluation. `run_rl` is the prologue and epilogue every LM entry point shares.
 
+Data parallel (under torchrun, after torch.distributed.init_process_group): every rank sees the step's B prompts and
+computes the same allocation (the budget and SERA's waterline are global: each draw's rewards are all-gathered), but
+generates, scores and trains only its share of the prompts (prompt i on rank i mod world); the loss uses the step's
+global normalisers and the gradients are summed across ranks, so a step equals the one-process step on the same
+rollouts. Evaluation questions are sharded the same way. Rank 0 holds the run directory.
+
 A study plugs in with a `Task` (below) and a short entry point; tests/test_lm.py has a toy task as the example.
 """
 
@@ -117,6 +123,40 @@ class LoopSettings:
         return s
 
 
+def world_info() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside torch.distributed."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def all_gather(obj) -> list:
+    """Every rank's `obj`, in rank order ([obj] outside torch.distributed)."""
+    rank, world = world_info()
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def shard(num: int) -> np.ndarray:
+    """This rank's items of 0..num-1: i with i mod world == rank (all of them in one process)."""
+    rank, world = world_info()
+    return np.arange(rank, num, world)
+
+
+def gather_grouped(counts: np.ndarray, mine: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Assemble per-rollout values grouped by prompt (counts (B,)) from every rank's share: rank r holds the
+    rollouts of prompts `mine` (its shard) in grouped order."""
+    out = np.empty(int(counts.sum()))
+    offsets = np.cumsum(counts) - counts
+    for prompts, part in all_gather((mine, values)):
+        positions = np.concatenate([offsets[i] + np.arange(counts[i]) for i in prompts] or [np.zeros(0, int)])
+        out[positions.astype(np.int64)] = part
+    return out
+
+
 def score(task: Task, ids: np.ndarray, rollouts: Rollouts) -> np.ndarray:
     """The task's rewards (N,) for every rollout, in one call: responses up to and including the end token."""
     mask = rollouts.mask.bool()
@@ -133,15 +173,22 @@ def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, opt
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     ids, prompts = task.train_prompts(step, ls.batch_size)
+    _, world = world_info()
+    mine = shard(len(prompts))  # this rank's prompts (all of them in one process)
     reward_time = 0.0
 
-    def draw(counts):  # generate, then score the whole draw in one call
+    def draw(counts):  # generate this rank's share, score it in one call; every rank gets all the rewards
         nonlocal reward_time
-        rollouts = engine.generate(prompts, counts, ls.max_new_tokens, generator, ls.temperature, ls.top_p)
+        if world == 1:
+            rollouts = engine.generate(prompts, counts, ls.max_new_tokens, generator, ls.temperature, ls.top_p)
+        else:
+            own = [prompts[i] for i in mine]
+            rollouts = engine.generate(own, counts[mine], ls.max_new_tokens, generator, ls.temperature, ls.top_p)
+            rollouts.prompt_index = torch.as_tensor(mine, dtype=torch.long)[rollouts.prompt_index]
         t = time.perf_counter()
         rewards = score(task, ids, rollouts)
         reward_time += time.perf_counter() - t
-        return rollouts, rewards
+        return rollouts, (rewards if world == 1 else gather_grouped(counts, mine, rewards))
 
     p_hat_source = (lambda: history.estimate(ids) if history.has_data else None) if ms.estimator == "history" else None
     out = collect(ms, len(prompts), draw, p_hat_source)
@@ -153,7 +200,12 @@ def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, opt
     weights = multiplicity_weights(counts, ms.n0) if ms.multiplicity_correction else np.ones(rewards.size)
     if history is not None:
         history.update(ids, out.successes, counts)
-    live = torch.as_tensor(np.flatnonzero(adv * weights != 0))  # zero-advantage rollouts add nothing
+    own = np.isin(out.rows, mine) if world > 1 else slice(None)  # this rank's rollouts, grouped
+    live = torch.as_tensor(np.flatnonzero(adv[own] * weights[own] != 0))  # zero-advantage rollouts add nothing
+    tokens = float(rollouts.mask.sum())
+    if world > 1:
+        tokens = float(sum(all_gather(tokens)))
+    live_total = int(sum(all_gather(int(live.numel()))))
     metrics = {
         "train/reward": float(rewards.mean()),
         "alloc/rollouts": out.rollouts_trained,
@@ -161,16 +213,21 @@ def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, opt
         "alloc/budget": ms.budget(len(counts)),
         "alloc/n_min": int(counts.min()),
         "alloc/n_max": int(counts.max()),
-        "train/live_rollouts": int(live.numel()),
-        "train/response_tokens": float(rollouts.mask.sum(1).float().mean()),
+        "train/live_rollouts": live_total,
+        "train/response_tokens": float(rollouts.mask.sum(1).float().mean()) if world == 1 else tokens / len(rewards),
     }
     if out.tau is not None:
         metrics["alloc/tau"] = out.tau
     if out.p_hat is not None:
         metrics["alloc/c_min_phat"] = float(scale_factor(out.p_hat, counts, ms.delta).min())
     optimizer.zero_grad(set_to_none=True)
-    if live.numel():
-        loss = backward_in_micro_batches(ms, ls, model, prompts, rollouts, live, adv, weights, task.pad_id, device)
+    if live_total:
+        totals = (out.rollouts_trained, tokens)
+        loss = backward_in_micro_batches(
+            ms, ls, model, prompts, rollouts, live, adv[own], weights[own], task.pad_id, device, totals
+        )
+        if world > 1:
+            loss = sum_over_ranks(model, loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), ls.grad_clip) if loss is not None else None
         if loss is not None and torch.isfinite(grad_norm):
             optimizer.step()
@@ -186,17 +243,19 @@ def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, opt
     return metrics
 
 
-def backward_in_micro_batches(ms, ls, model, prompts, rollouts, live, adv, weights, pad_id, device) -> float | None:
+def backward_in_micro_batches(
+    ms, ls, model, prompts, rollouts, live, adv, weights, pad_id, device, totals
+) -> float | None:
     """Backpropagate the step's loss over the live rollouts, ls.micro_batch_rollouts at a time.
 
-    Every micro-batch's loss uses the step's normalisers (all rollouts, all response tokens), so the micro-batch
-    losses sum to the full-batch loss and their gradients accumulate to its gradient. Returns the loss, or None
-    (gradients cleared) when a micro-batch's loss is not finite.
+    Every micro-batch's loss uses the step's normalisers, totals = (all rollouts, all response tokens) of the step,
+    so the micro-batch losses sum to the full-batch loss and their gradients accumulate to its gradient. Returns the
+    loss, or None (gradients cleared) when a micro-batch's loss is not finite.
     """
-    size = ls.micro_batch_rollouts or live.numel()
-    total_rollouts, total_tokens = int(rollouts.mask.shape[0]), float(rollouts.mask.sum())
+    total_rollouts, total_tokens = totals
     loss_sum = 0.0
-    for chunk in torch.split(live, size):
+    chunks = torch.split(live, ls.micro_batch_rollouts or live.numel()) if live.numel() else ()  # none: a rank's
+    for chunk in chunks:  # share may have no live rollout while others do
         sub = rollouts.select(chunk)
         logp = response_logprobs(model, prompts, sub, pad_id, ls.temperature)
         loss = pg_loss(
@@ -217,6 +276,20 @@ def backward_in_micro_batches(ms, ls, model, prompts, rollouts, live, adv, weigh
     return loss_sum
 
 
+def sum_over_ranks(model, loss: float | None) -> float | None:
+    """Sum the ranks' gradients and losses (each rank's loss already uses the global normalisers); None on every
+    rank, gradients cleared, when any rank's loss was not finite."""
+    flags = all_gather(loss)
+    if any(v is None for v in flags):
+        model.zero_grad(set_to_none=True)
+        return None
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad)
+    return float(sum(flags))
+
+
 def evaluate(ls: LoopSettings, task: Task, engine, generator) -> tuple[dict, dict]:
     """Pass@K on every named evaluation set from ls.eval_samples samples a question (unbiased estimator), in chunks.
 
@@ -226,7 +299,10 @@ def evaluate(ls: LoopSettings, task: Task, engine, generator) -> tuple[dict, dic
     metrics, records = {}, {}
     ks = [k for k in ls.eval_ks if k <= ls.eval_samples]
     per_call = max(1, ls.eval_max_rollouts_per_call // ls.eval_samples)
-    for name, (ids, prompts) in task.eval_sets().items():
+    _, world = world_info()
+    for name, (all_ids, all_prompts) in task.eval_sets().items():
+        mine = shard(len(all_prompts))  # this rank's questions (all of them in one process)
+        ids, prompts = np.asarray(all_ids)[mine], [all_prompts[i] for i in mine]
         correct = np.zeros(len(prompts), dtype=np.int64)
         extras: dict[str, list] = {}
         for start in range(0, len(prompts), per_call):
@@ -245,48 +321,65 @@ def evaluate(ls: LoopSettings, task: Task, engine, generator) -> tuple[dict, dic
             if hasattr(task, "eval_extras"):
                 for key, values in task.eval_extras(name, ids[chunk], rollouts).items():
                     extras.setdefault(key, []).append(np.asarray(values, dtype=np.float64))
+        extras = {key: np.concatenate(v) for key, v in extras.items()}
+        if world > 1:  # every rank's questions, back in the set's order
+            parts = all_gather((mine, correct, extras))
+            order = np.argsort(np.concatenate([m for m, _, _ in parts]))
+            correct = np.concatenate([c for _, c, _ in parts])[order]
+            extras = {key: np.concatenate([e[key] for _, _, e in parts])[order] for key in extras}
+            ids = np.asarray(all_ids)
         passk = pass_at_k(ls.eval_samples, correct, ks).mean(axis=0)
         metrics.update({f"eval/{name}/pass@{k}": float(v) for k, v in zip(ks, passk, strict=True)})
-        metrics.update({f"eval/{name}/{key}": float(np.concatenate(v).mean()) for key, v in extras.items()})
+        metrics.update({f"eval/{name}/{key}": float(v.mean()) for key, v in extras.items()})
         records[name] = {"ids": [int(i) for i in ids], "n": ls.eval_samples, "correct": correct.tolist()}
     return metrics, records
 
 
-def evaluate_into(run_dir: RunDir, step: int, ls: LoopSettings, task: Task, engine, generator) -> dict:
-    """Evaluate, write each set's per-question record for `step`, and check the numbers are finite."""
+def evaluate_into(run_dir: RunDir | None, step: int, ls: LoopSettings, task: Task, engine, generator) -> dict:
+    """Evaluate, write each set's per-question record for `step` (rank 0), and check the numbers are finite."""
     metrics, records = evaluate(ls, task, engine, generator)
     for name, record in records.items():
-        run_dir.write_json(eval_record_file(step, name), record)
+        if run_dir is not None:
+            run_dir.write_json(eval_record_file(step, name), record)
     check_finite_eval(metrics, step)
     return metrics
 
 
-def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_dir: RunDir) -> dict:
-    """Run (or resume) the RL loop to ls.steps; returns the final evaluation metrics."""
+def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_dir: RunDir | None) -> dict:
+    """Run (or resume) the RL loop to ls.steps; returns the final evaluation metrics. run_dir is None on ranks > 0."""
+    rank, world = world_info()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=ls.lr, weight_decay=ls.weight_decay, betas=ls.betas, eps=ls.eps
     )
-    generator = torch.Generator().manual_seed(ls.seed)
+    generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
     history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
     skips = SkipGuard(ls.max_skipped_steps)
     start = 0
-    state = run_dir.load_checkpoint()
+    state = run_dir.load_checkpoint() if run_dir is not None else None
+    if world > 1:
+        box = [state]
+        torch.distributed.broadcast_object_list(box, src=0)
+        state = box[0]
     if state is not None:
+        generators = state["generator"] if isinstance(state["generator"], list) else [state["generator"]]
+        if len(generators) != world:
+            raise RuntimeError(f"the checkpoint was written by {len(generators)} processes; resume it with as many")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
+        generator.set_state(generators[rank])
         if history is not None:
             history.load_state_dict(state["history"])
         start = state["step"]
         engine.sync_weights(model)
-    run_dir.rewind(start - 1)  # drop records of work lost with an interruption (all of them without a checkpoint)
+    if run_dir is not None:
+        run_dir.rewind(start - 1)  # drop records of work lost with an interruption (all without a checkpoint)
     final = {}
     bar = tqdm(
         range(start, ls.steps),
         initial=start,
         total=ls.steps,
-        disable=not ls.progress,
-        desc=run_dir.path.name,
+        disable=not ls.progress or run_dir is None,
+        desc=run_dir.path.name if run_dir is not None else "",
         unit="step",
         mininterval=0.1 if sys.stderr.isatty() else 5.0,
     )
@@ -300,14 +393,18 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
             final = evaluate_into(run_dir, step + 1, ls, task, engine, generator)
             metrics.update(final)
             bar.set_postfix({k.rsplit("/", 2)[-2] + "@1": f"{v:.3f}" for k, v in final.items() if k.endswith("pass@1")})
+        checkpoint_due = (step + 1) % ls.checkpoint_every == 0 and not is_last
+        generators = all_gather(generator.get_state()) if checkpoint_due and world > 1 else [generator.get_state()]
+        if run_dir is None:
+            continue
         run_dir.log(step, metrics)
-        if (step + 1) % ls.checkpoint_every == 0 and not is_last:
+        if checkpoint_due:
             run_dir.save_checkpoint(
                 {
                     "step": step + 1,
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),
-                    "generator": generator.get_state(),
+                    "generator": generators[0] if world == 1 else generators,
                     "history": history.state_dict() if history is not None else None,
                 }
             )
@@ -324,6 +421,8 @@ def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads:
         print(f"{out_dir} is finished with this config; skipping (run.if_finished=skip)")
         return summary
     model, task, engine = prepare()
+    if world_info()[0] != 0:  # data parallel: rank 0 holds the run directory
+        return train(ms, ls, task, model, engine, None)
     with RunDir(out_dir, config, cfg.wandb) as run_dir:
         final = train(ms, ls, task, model, engine, run_dir)
         run_dir.finish({"step": ls.steps, "threads": threads, **final})

@@ -233,6 +233,27 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "DONE").exists()
 
 
+@pytest.mark.slow
+def test_two_process_step_equals_one_process_step(tmp_path):
+    """Data parallel LM loop (torchrun, gloo, two CPU processes): a global SERA allocation from all-gathered pilot
+    rewards, each rank training its share with micro-batches, gradients summed: the same parameters as one process."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    root = os.path.dirname(os.path.dirname(__file__))
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    subprocess.run([sys.executable, "-m", "tests.lm_ddp_toy", str(one)], env=env, cwd=root, check=True)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--nproc_per_node=2", "-m", "tests.lm_ddp_toy", str(two)]
+    subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True)
+    a, b = torch.load(one), torch.load(two)
+    for key in a["state"]:
+        torch.testing.assert_close(a["state"][key], b["state"][key], atol=1e-6, rtol=1e-5)
+    assert any(not torch.equal(a["state"][k], tiny_model().state_dict()[k]) for k in a["state"])  # it did train
+    for ma, mb in zip(a["metrics"], b["metrics"], strict=True):
+        for key in ("alloc/n_min", "alloc/n_max", "alloc/tau", "train/reward", "train/live_rollouts"):
+            assert ma[key] == pytest.approx(mb[key]), key
+        assert ma["train/loss"] == pytest.approx(mb["train/loss"], rel=1e-5)
+
+
 def test_nonfinite_evaluation_stops_without_done(tmp_path, monkeypatch):
     import sera.lm_loop as loop
 
