@@ -1,0 +1,435 @@
+"""SARA's effectiveness predictor against enumeration and Monte Carlo, its step loop's budget and accounting
+invariants (hypothesis), DS's dynamic sampling, and DPS's chain against hand-computed values."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import betabinom
+
+from sera.sequential import (
+    DynamicsPredictor,
+    SaraAction,
+    SaraSettings,
+    dps_prompts,
+    dps_select,
+    ds_step,
+    effective_probability,
+    sara_decision,
+    sara_step,
+    sera_counts_after_probe,
+)
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A simulated policy: prompt i succeeds with probability p[i]; every reward handed out is recorded.
+
+
+class Simulator:
+    def __init__(self, p, seed=0):
+        self.p = np.asarray(p, dtype=np.float64)
+        self.rng = np.random.default_rng(seed)
+        self.returned = 0  # rewards handed out
+        self.calls = 0
+        self.history: dict[int, list[float]] = {}  # prompt id -> rewards in the order drawn
+
+    def draw(self, ids, counts):
+        assert np.all(np.asarray(counts) >= 1)
+        self.calls += 1
+        rewards = (self.rng.random(int(np.sum(counts))) < np.repeat(self.p[ids], counts)).astype(np.float64)
+        for i, r in zip(ids, np.split(rewards, np.cumsum(counts)[:-1]), strict=True):
+            self.history.setdefault(int(i), []).extend(r.tolist())
+        self.returned += rewards.size
+        return rewards
+
+
+class Stream:
+    """Prompt ids 0, 1, 2, ... up to `size` (unbounded when None), each handed out once."""
+
+    def __init__(self, size=None):
+        self.ids = itertools.count() if size is None else iter(range(size))
+        self.issued = 0
+
+    def __call__(self, k):
+        out = np.array(list(itertools.islice(self.ids, k)), dtype=np.int64)
+        self.issued += out.size
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# effective_probability
+
+
+CASES = [  # (a0, b0, successes, failures, n)
+    (1.0, 1.0, 0, 0, 8),  # before any rollout
+    (1.0, 1.0, 3, 0, 8),  # probes kept in the group
+    (1.0, 1.0, 0, 5, 8),
+    (2.0, 5.0, 2, 0, 16),  # a non-flat prior
+    (0.5, 0.5, 0, 4, 8),
+    (3.0, 1.0, 0, 2, 6),
+    (1.0, 1.0, 1, 1, 8),  # already mixed
+    (1.0, 1.0, 8, 0, 8),  # complete and saturated
+]
+
+
+@pytest.mark.parametrize("a0, b0, s, f, n", CASES)
+def test_effective_probability_matches_enumeration_of_the_final_count(a0, b0, s, f, n):
+    """Enumerate the remaining m rollouts' success count k (beta-binomial): the group is mixed iff 0 < s + k < n."""
+    m = n - s - f
+    k = np.arange(m + 1)
+    exact = np.sum(betabinom.pmf(k, m, a0 + s, b0 + f) * ((s + k > 0) & (s + k < n)))
+    assert effective_probability(a0, b0, s, f, n) == pytest.approx(exact, abs=1e-12)
+
+
+@pytest.mark.parametrize("a0, b0, s, f, n", CASES)
+def test_effective_probability_matches_monte_carlo(a0, b0, s, f, n):
+    """p from the Beta posterior, then the remaining rollouts; the mixed fraction of N = 400,000 groups has standard
+    error sqrt(E (1 - E) / N) <= 0.0008, and the tolerance is 5 standard errors (plus 1e-4 where E is 0 or 1)."""
+    rng = np.random.default_rng(1)
+    num = 400_000
+    p = rng.beta(a0 + s, b0 + f, num)
+    k = s + rng.binomial(n - s - f, p)
+    mixed = np.mean((k > 0) & (k < n))
+    e = float(effective_probability(a0, b0, s, f, n))
+    assert mixed == pytest.approx(e, abs=5 * np.sqrt(e * (1 - e) / num) + 1e-4)
+
+
+def test_effective_probability_flat_prior_identity():
+    """After j >= 1 identical outcomes under Beta(1, 1), E_j = (n - j)/(n + 1); before any rollout E_0 = (n-1)/(n+1)."""
+    for n in (2, 8, 16, 128):
+        j = np.arange(1, n + 1)
+        np.testing.assert_allclose(effective_probability(1, 1, j, 0, n), (n - j) / (n + 1), atol=1e-12)
+        np.testing.assert_allclose(effective_probability(1, 1, 0, j, n), (n - j) / (n + 1), atol=1e-12)
+        assert effective_probability(1, 1, 0, 0, n) == pytest.approx((n - 1) / (n + 1))
+
+
+def test_effective_probability_broadcasts_and_validates():
+    e = effective_probability(np.array([[1.0], [2.0]]), 1.0, np.array([0, 1, 2]), 0, 8)
+    assert e.shape == (2, 3)
+    for args, match in [
+        ((0.0, 1.0, 0, 0, 8), "a0 > 0"),
+        ((1.0, -1.0, 0, 0, 8), "a0 > 0"),
+        ((1.0, 1.0, -1, 0, 8), "non-negative"),
+        ((1.0, 1.0, 5, 4, 8), "group size"),
+        ((1.0, 1.0, 0, 0, 0), "at least 1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            effective_probability(*args)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The decision rule
+
+
+def test_flat_prior_n8_abandons_after_exactly_four_identical_outcomes():
+    j = np.arange(1, 9)
+    for s, f in [(0 * j, j), (j, 0 * j)]:
+        action = sara_decision(s, f, 8, tau_lo=0.45)
+        assert action[:3].tolist() == [SaraAction.CONTINUE] * 3  # j = 1 is also below k_min = 2
+        assert action[3] == SaraAction.ABANDON
+
+
+def test_decision_rule_commits_mixed_respects_k_min_and_tau_hi():
+    assert sara_decision(1, 1, 8) == SaraAction.COMMIT  # mixed: E = 1
+    assert sara_decision(0, 1, 8, tau_lo=0.9, k_min=2) == SaraAction.CONTINUE  # below k_min, whatever E
+    assert sara_decision(0, 2, 8, tau_lo=0.9, k_min=2) == SaraAction.ABANDON
+    # a strong prior near 1/2 makes an unmixed group likely to mix: E = 0.98 >= tau_hi commits before it is mixed
+    assert sara_decision(1, 0, 8, a0=500, b0=500) == SaraAction.COMMIT
+    # a complete unmixed group is never continued, even when k_min exceeds n
+    assert sara_decision(0, 4, 4, k_min=6) == SaraAction.ABANDON
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"k0": 0}, "k0"),
+        ({"delta": 0}, "delta"),
+        ({"tau_lo": 0.96}, "tau_lo < tau_hi"),
+        ({"tau_hi": 1.5}, "tau_hi <= 1"),
+        ({"a0": 0.0}, "Beta prior"),
+        ({"max_waves": 0}, "max_waves"),
+        ({"mode": "fixed"}, "mode"),
+    ],
+)
+def test_sara_settings_validate(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SaraSettings(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# SARA's step loop
+
+
+@pytest.mark.parametrize("k0, delta", [(4, 2), (2, 1), (1, 1), (2, 2)])
+def test_sara_step_abandons_unsolvable_prompts_after_four_rollouts(k0, delta):
+    """Every schedule that reaches j = 4 decides there (flat prior, n = 8, tau_lo = 0.45)."""
+    sim = Simulator(np.zeros(1000))
+    result = sara_step(SaraSettings(k0=k0, delta=delta, max_waves=8), 8, 16, None, sim.draw, Stream(1000))
+    assert result.groups_committed == 0 and result.groups_abandoned >= 16
+    assert result.abandoned_failures.tolist() == [4] * result.groups_abandoned
+    assert result.abandoned_successes.tolist() == [0] * result.groups_abandoned
+    assert all(len(sim.history[int(i)]) == 4 for i in result.abandoned_ids)
+    assert result.rollouts_generated == sim.returned
+
+
+def test_sara_step_fill_mode_accounting_and_probes_kept_in_the_group():
+    sim = Simulator(np.random.default_rng(2).uniform(size=5000), seed=3)
+    stream = Stream()
+    result = sara_step(SaraSettings(), 8, 64, None, sim.draw, stream)
+    assert result.groups_committed == 64 and result.shortfall == 0 and not result.hit_wave_cap
+    assert np.all(result.counts == 8) and result.rewards.shape == (64 * 8,)
+    assert result.rollouts_trained == 64 * 8
+    assert result.rollouts_generated == sim.returned
+    assert result.prompts_drawn == stream.issued
+    assert result.groups_committed + result.groups_abandoned + result.groups_discarded == result.prompts_drawn
+    # the flat prior never reaches tau_hi = 0.95 before a group is mixed, so every committed group is effective
+    assert result.effective_groups == 64
+    for i, r in zip(result.prompt_ids, np.split(result.rewards, np.cumsum(result.counts)[:-1]), strict=True):
+        assert r.tolist() == sim.history[int(i)]  # the group is every rollout drawn for the prompt, probes first
+    for i, s, f in zip(result.abandoned_ids, result.abandoned_successes, result.abandoned_failures, strict=True):
+        assert (s, f) == (sum(sim.history[int(i)]), len(sim.history[int(i)]) - sum(sim.history[int(i)]))
+    assert set(result.prompt_ids.tolist()).isdisjoint(result.abandoned_ids.tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 12),
+    batch_size=st.integers(1, 12),
+    budget_groups=st.floats(0.0, 3.0),
+    k0=st.integers(1, 12),
+    delta=st.integers(1, 4),
+    k_min=st.integers(1, 6),
+    tau_lo=st.floats(0.0, 0.7),
+    mode=st.sampled_from(["fill", "budget"]),
+    complete=st.booleans(),
+    max_waves=st.integers(1, 8),
+    seed=st.integers(0, 2**16),
+)
+def test_sara_step_never_exceeds_the_budget(
+    n, batch_size, budget_groups, k0, delta, k_min, tau_lo, mode, complete, max_waves, seed
+):
+    rng = np.random.default_rng(seed)
+    p = np.where(rng.random(500) < 0.4, rng.integers(0, 2, 500), rng.uniform(size=500))  # 40% saturated prompts
+    sim = Simulator(p, seed)
+    stream = Stream(int(rng.integers(0, 500)))
+    budget = int(budget_groups * batch_size * n)
+    config = SaraSettings(
+        k0=min(k0, n), delta=delta, k_min=k_min, tau_lo=tau_lo, mode=mode, complete_committed=complete,
+        max_waves=max_waves,
+    )  # fmt: skip
+    result = sara_step(config, n, batch_size, budget, sim.draw, stream)
+    assert result.rollouts_generated <= budget
+    assert result.rollouts_generated == sim.returned
+    assert result.prompts_drawn == stream.issued
+    assert result.waves <= max_waves
+    assert result.rollouts_trained == result.counts.sum() == result.rewards.size
+    assert np.all(result.counts <= n) and (not complete or np.all(result.counts == n))
+    assert result.groups_committed + result.groups_abandoned + result.groups_discarded == result.prompts_drawn
+    if mode == "fill":
+        assert result.groups_committed <= batch_size
+        assert result.shortfall == batch_size - result.groups_committed
+
+
+@pytest.mark.parametrize("mode", ["fill", "budget"])
+def test_all_saturated_batch_terminates_and_reports_the_cap(mode):
+    sim = Simulator(np.tile([0.0, 1.0], 50_000))
+    budget = 8 * 1000 if mode == "budget" else None  # each wave spends half of what is left: ~10 waves to spend it
+    result = sara_step(SaraSettings(max_waves=5, mode=mode), 8, 32, budget, sim.draw, Stream())
+    assert result.hit_wave_cap and result.waves == 5
+    assert result.groups_committed == 0 and result.rollouts_trained == 0 and result.rewards.size == 0
+    assert result.rollouts_generated == 4 * result.prompts_drawn == sim.returned
+    assert result.shortfall == (32 if mode == "fill" else 0)
+
+
+def test_exhausted_stream_stops_without_the_cap():
+    result = sara_step(SaraSettings(), 8, 32, None, Simulator(np.ones(10)).draw, Stream(10))
+    assert not result.hit_wave_cap and result.groups_committed == 0 and result.shortfall == 32
+    assert result.prompts_drawn == 10 and result.groups_abandoned == 10
+
+
+def test_budget_mode_spends_the_budget_and_commits_more_than_b_when_prompts_saturate():
+    sim = Simulator(np.tile([0.0, 0.5], 5000), seed=4)
+    result = sara_step(SaraSettings(mode="budget"), 8, 32, None, sim.draw, Stream())
+    assert result.rollouts_generated <= 32 * 8
+    assert result.rollouts_generated > 32 * 8 - 8  # stops only when the rest cannot pay for a whole group
+    # uniform allocation of the same budget (the first 32 prompts, 16 with p = 0) gets at most 16 mixed groups;
+    # the probes freed by p = 0 prompts buy SARA more (fixed-budget yield dominance)
+    assert result.effective_groups == result.groups_committed > 16
+
+
+@pytest.mark.parametrize("a0, b0", [(1.0, 1.0), (0.5, 0.5)])
+def test_abandonment_error_is_calibrated_and_below_tau_lo(a0, b0):
+    """Property: over prompts with p drawn from SARA's prior, the probability that an abandoned group would have ended
+    mixed had it been completed (exact given p: 1 - p^m after all-successes, 1 - (1 - p)^m after all-failures),
+    averaged over abandoned groups, equals the mean predicted E_j at abandonment, which the rule keeps <= tau_lo.
+    Both are checked within 4 standard errors of the average."""
+    n, tau_lo = 8, 0.45
+    rng = np.random.default_rng(5)
+    sim = Simulator(rng.beta(a0, b0, 20_000), seed=6)
+    config = SaraSettings(a0=a0, b0=b0, tau_lo=tau_lo, mode="budget")
+    result = sara_step(config, n, 2000, None, sim.draw, Stream(20_000))
+    s, f = result.abandoned_successes, result.abandoned_failures
+    assert result.groups_abandoned > 500
+    p, m = sim.p[result.abandoned_ids], n - s - f
+    error = np.where(f == 0, 1 - p**m, 1 - (1 - p) ** m)
+    predicted = effective_probability(a0, b0, s, f, n)
+    assert np.all(predicted <= tau_lo)
+    se = error.std() / np.sqrt(error.size)
+    assert error.mean() == pytest.approx(predicted.mean(), abs=4 * se)
+    assert error.mean() <= tau_lo + 4 * se
+
+
+def test_sara_step_rejects_bad_arguments():
+    sim = Simulator(np.full(10, 0.5))
+    with pytest.raises(ValueError, match="k0"):
+        sara_step(SaraSettings(k0=9), 8, 4, None, sim.draw, Stream())
+    with pytest.raises(ValueError, match="binary"):
+        sara_step(SaraSettings(), 8, 4, None, lambda ids, c: np.full(int(c.sum()), 0.5), Stream())
+    with pytest.raises(ValueError, match="rewards for counts"):
+        sara_step(SaraSettings(), 8, 4, None, lambda ids, c: np.zeros(3), Stream())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The combinations
+
+
+def test_sara_plus_dps_takes_a_dps_ranked_prompt_stream():
+    predictor = DynamicsPredictor(400, decay=0.7)
+    # history: even prompts were partial last time, odd ones solved; so DPS should feed SARA only even prompts
+    predictor.update(np.arange(400), np.where(np.arange(400) % 2 == 0, 4, 8), 8)
+    sim = Simulator(np.full(400, 0.5), seed=7)
+    stream = Stream(400)
+    result = sara_step(SaraSettings(), 8, 16, None, sim.draw, dps_prompts(predictor, stream, ratio=4))
+    assert result.groups_committed == 16
+    assert set(sim.history) and all(i % 2 == 0 for i in sim.history)
+    assert stream.issued == 4 * result.prompts_drawn  # each pool holds ratio * k candidates
+    predictor.update(result.prompt_ids, result.successes, result.counts)  # the loop closes: observe what was trained
+
+
+@pytest.mark.parametrize("mode", ["fill", "budget"])
+def test_sara_plus_sera_spreads_the_rest_of_the_budget_over_the_probed_groups(mode):
+    n, batch_size = 8, 32
+    budget = n * batch_size
+    sim = Simulator(np.random.default_rng(8).uniform(0.02, 0.98, 2000), seed=9)
+    config = SaraSettings(complete_committed=False, mode=mode)
+    result = sara_step(config, n, batch_size, budget if mode == "budget" else None, sim.draw, Stream())
+    assert np.all(result.counts < n)  # committed on their probes, not completed
+    if mode == "fill":
+        assert result.groups_committed == batch_size
+        total = budget  # the training budget B n0; abandoned probes are overhead, as in SARA's fill mode
+    else:
+        total = result.rollouts_trained + budget - result.rollouts_generated  # everything left
+    extra = sera_counts_after_probe(result, total, n_max=8 * n)
+    n_i = result.counts + extra
+    assert np.all(extra >= 0) and np.all(n_i >= result.counts.max()) and n_i.sum() == total
+    if mode == "budget":
+        assert result.rollouts_generated + extra.sum() == budget  # the whole budget, abandoned probes included
+    k_rate = result.successes / result.counts
+    assert n_i[np.argmin(k_rate)] >= n_i[np.argmax(k_rate)]  # SERA: the hardest probe gets at least as many
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# DS: DAPO dynamic sampling
+
+
+def test_ds_trains_the_first_b_mixed_groups_never_duplicates_and_caps_rounds():
+    p = np.tile([0.0, 1.0, 0.5, 0.5], 1000)
+    sim = Simulator(p, seed=10)
+    stream = Stream()
+    result = ds_step(8, 32, 48, 10, sim.draw, stream)
+    assert result.groups_committed == 32 and result.shortfall == 0 and not result.hit_wave_cap
+    assert np.unique(result.prompt_ids).size == 32
+    assert sim.calls == result.waves <= 10
+    assert result.rollouts_generated == sim.returned == 8 * result.prompts_drawn == 8 * stream.issued
+    k = result.successes
+    assert np.all((k > 0) & (k < 8)) and result.effective_groups == 32
+    mixed_drawn = [i for i in range(result.prompts_drawn) if 0 < sum(sim.history[i]) < 8]
+    assert result.prompt_ids.tolist() == mixed_drawn[:32]  # the first B kept, in order
+    assert result.groups_discarded == len(mixed_drawn) - 32
+    assert result.groups_abandoned == result.prompts_drawn - len(mixed_drawn)
+
+
+def test_ds_at_the_cap_trains_on_what_was_kept():
+    sim = Simulator(np.tile([0.0, 1.0], 1000))
+    result = ds_step(8, 16, 16, 4, sim.draw, Stream())
+    assert result.hit_wave_cap and result.waves == sim.calls == 4
+    assert result.groups_committed == 0 and result.shortfall == 16 and result.rollouts_generated == 4 * 16 * 8
+    sim = Simulator(np.where(np.arange(100) == 5, 0.5, 0.0), seed=11)
+    result = ds_step(8, 16, 16, 4, sim.draw, Stream())
+    assert result.groups_committed <= 1 and result.shortfall == 16 - result.groups_committed
+
+
+def test_ds_stops_when_the_stream_runs_out():
+    result = ds_step(8, 16, 16, 10, Simulator(np.zeros(20)).draw, Stream(20))
+    assert result.waves == 2 and result.prompts_drawn == 20 and not result.hit_wave_cap
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# DPS
+
+
+def test_dps_reference_values():
+    """One observation from the uniform belief: xi puts 1/3 on each entry of the observed row, so the observed state's
+    column of alpha is (1, 4/3, 1) up to order, and the next prior is that column over its sum 10/3."""
+    dps = DynamicsPredictor(4, decay=0.7)
+    dps.update([0, 1, 2], [0, 3, 8], 8)  # unsolved, partial, solved
+    np.testing.assert_allclose(dps.partial_probability([0, 1, 2, 3]), [0.3, 0.4, 0.3, 1 / 3])
+    np.testing.assert_allclose(dps.prior[1], [0.3, 0.4, 0.3])
+    np.testing.assert_allclose(dps.prior[0], [0.4, 0.3, 0.3])
+    np.testing.assert_allclose(dps.alpha[1], [[1, 1, 1], [4 / 3, 4 / 3, 4 / 3], [1, 1, 1]])
+    np.testing.assert_allclose(dps.belief[1], [0, 1, 0])
+    assert dps.partial_probability([3])[0] == 1 / 3  # unseen: untouched, exactly
+
+
+def test_dps_decay_and_second_observation_by_hand():
+    # lam = 0.5. Step 1: prompt 0 partial -> alpha row 1 = 4/3 (see above); prompt 1 partial as well.
+    dps = DynamicsPredictor(3, decay=0.5)
+    dps.update([0, 1], [4, 4], 8)
+    # Step 2: prompt 0 unobserved: alpha <- 0.5 alpha + 0.5 -> row 1 = 7/6, other rows 1; every column is
+    # (1, 7/6, 1) / (19/6), so the prior is (6/19, 7/19, 6/19) whatever the belief; the belief becomes the old prior.
+    # Prompt 1 solved: xi[2, j] is proportional to Phi[2, j] mu[j] with mu = (0, 1, 0), so xi[2, 1] = 1; alpha after
+    # the decay has row 1 = 7/6 and alpha[2, 1] = 1 + 1 = 2; the next prior is column 2 = (1, 7/6, 1) / (19/6).
+    dps.update([1], [8], 8)
+    np.testing.assert_allclose(dps.alpha[0], [[1, 1, 1], [7 / 6, 7 / 6, 7 / 6], [1, 1, 1]])
+    np.testing.assert_allclose(dps.belief[0], [0.3, 0.4, 0.3])
+    np.testing.assert_allclose(dps.prior[0], [6 / 19, 7 / 19, 6 / 19])
+    np.testing.assert_allclose(dps.alpha[1], [[1, 1, 1], [7 / 6, 7 / 6, 7 / 6], [1, 2, 1]])
+    np.testing.assert_allclose(dps.prior[1], [6 / 19, 7 / 19, 6 / 19])
+    np.testing.assert_allclose(dps.belief[1], [0, 0, 1])
+    # Step 3: prompt 0 partial again, from mu = (0.3, 0.4, 0.3): xi[1, j] is proportional to
+    # Phi[1, j] mu[j] = (7/19)(0.3, 0.4, 0.3), i.e. (0.3, 0.4, 0.3); after the decay row 1 = 0.5 * 7/6 + 0.5 = 13/12,
+    # so column 1 of alpha is (1, 13/12 + 0.4, 1) = (1, 89/60, 1) and P(partial) = (89/60) / (209/60) = 89/209.
+    dps.update([0], [2], 8)
+    np.testing.assert_allclose(dps.alpha[0][1], [13 / 12 + 0.3, 13 / 12 + 0.4, 13 / 12 + 0.3])
+    assert dps.partial_probability([0])[0] == pytest.approx(89 / 209)
+    assert dps.partial_probability([2])[0] == 1 / 3
+
+
+def test_dps_state_dict_round_trip_and_validation():
+    dps = DynamicsPredictor(6, decay=0.7)
+    dps.update([0, 3], [1, 8], 8)
+    dps.update([1], [0], 8)
+    copy = DynamicsPredictor(6, decay=0.7)
+    copy.load_state_dict(dps.state_dict())
+    dps.update([2], [4], 8)
+    copy.update([2], [4], 8)
+    np.testing.assert_array_equal(copy.prior, dps.prior)
+    np.testing.assert_array_equal(copy.alpha, dps.alpha)
+    with pytest.raises(ValueError, match="shape"):
+        DynamicsPredictor(5, decay=0.7).load_state_dict(dps.state_dict())
+    with pytest.raises(ValueError, match="unique"):
+        dps.update([1, 1], [0, 0], 8)
+    with pytest.raises(ValueError, match=r"\[0, n\]"):
+        dps.update([1], [9], 8)
+    with pytest.raises(ValueError, match="decay"):
+        DynamicsPredictor(3, decay=1.5)
+
+
+def test_dps_select_top_b_with_ties_in_pool_order():
+    dps = DynamicsPredictor(10, decay=0.7)
+    dps.update([1, 2, 3], [4, 0, 8], 8)  # P(partial): 1 -> 0.4, 2 and 3 -> 0.3, the rest 1/3
+    assert dps_select(dps, [2, 5, 1, 7, 3], 3).tolist() == [1, 5, 7]
+    assert dps_select(dps, [7, 5, 1, 2, 3], 4).tolist() == [1, 7, 5, 2]
+    with pytest.raises(ValueError, match="select 6 of 5"):
+        dps_select(dps, [2, 5, 1, 7, 3], 6)
