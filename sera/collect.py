@@ -1,17 +1,19 @@
 """One rollout-collection step for every study: estimate p_hat, allocate the budget, draw and score rollouts.
 
 A study supplies a `draw(counts)` callback: "draw counts[i] rollouts of prompt i of this step, return (payload,
-rewards)", rewards (sum(counts),) grouped by prompt and scored once, in one batch. A sampler (`SAMPLERS`, keyed by
-the method's allocator) calls it once or more - pilots first, then the rest of each group - and returns a
-`Collected`: the counts, the rewards grouped by prompt with pilots first, p_hat and tau, the rollouts generated, and
-the permutation that puts the concatenated payloads in the same grouped order. A new allocator is one entry of
+rewards)", rewards (sum(counts),) grouped by prompt and scored once, in one batch; and, for the sequential
+allocators, a prompt stream whose `take(k)` adds up to k prompts to the step (their step indices; `ids` holds every
+taken prompt's dataset id). A sampler (`SAMPLERS`, keyed by the method's allocator) calls draw once or more - pilots
+or probes first, then the rest of each group - and returns a `Collected`: the prompts trained on and their counts,
+the rewards grouped by prompt with pilots first, p_hat and tau, the rollouts generated (dropped groups included),
+and the rows of the concatenated payloads to train on, in the same grouped order. A new allocator is one entry of
 `SAMPLERS`. Pure numpy; DESIGN.md sections 2-4.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,21 +21,24 @@ import numpy as np
 from sera.allocation import dars_hw_extra, uniform, waterline
 from sera.estimation import pilot_p_hat
 from sera.methods import MethodSettings
+from sera.sequential import SaraSettings, StepResult, dps_select, ds_step, sara_step, sera_counts_after_probe
 
-DrawFn = Callable[[np.ndarray], tuple[Any, np.ndarray]]  # counts (B,) -> (payload, rewards (sum counts,))
+DrawFn = Callable[[np.ndarray], tuple[Any, np.ndarray]]  # counts (P,) -> (payload, rewards (sum counts,))
 
 
 @dataclass
 class Collected:
     """A step's rollouts, grouped by prompt (prompt 0's group first; within a group its pilots first)."""
 
-    counts: np.ndarray  # (B,) rollouts of each prompt, all trained on
+    prompts: np.ndarray  # (C,) step indices of the prompts trained on, ascending (all B for the batch allocators)
+    counts: np.ndarray  # (C,) rollouts of each, all trained on
     rewards: np.ndarray  # (N,) grouped
     payloads: list  # what each draw returned, in call order
-    order: np.ndarray | None  # (N,) concatenated payload rows in grouped order; None: the one payload is grouped
-    p_hat: np.ndarray | None  # (B,) the estimate the allocation used, None for allocators without one
+    order: np.ndarray | None  # (N,) rows of the concatenated payloads to train on, grouped; None: the one payload
+    p_hat: np.ndarray | None  # (C,) the estimate the allocation used, None for allocators without one
     tau: float | None  # SERA's continuous waterline level
-    rollouts_generated: int  # everything drawn (pilots included)
+    rollouts_generated: int  # everything drawn (pilots, probes and dropped groups included)
+    metrics: dict = field(default_factory=dict)  # the sequential allocators' accounting (alloc/...)
 
     @property
     def rollouts_trained(self) -> int:
@@ -41,49 +46,68 @@ class Collected:
 
     @property
     def rows(self) -> np.ndarray:
-        """(N,) the prompt of each grouped rollout."""
+        """(N,) the group (0..C-1, an index into `prompts`) of each grouped rollout."""
         return np.repeat(np.arange(self.counts.size), self.counts)
 
     @property
     def successes(self) -> np.ndarray:
-        """(B,) successes of each prompt's group."""
+        """(C,) successes of each group."""
         return np.bincount(self.rows, weights=self.rewards, minlength=self.counts.size)
 
 
 class _Draws:
     """Calls the study's draw callback and keeps every call's counts, payload and rewards."""
 
-    def __init__(self, draw: DrawFn, batch: int):
+    def __init__(self, draw: DrawFn, batch: int = 0):
         self.draw, self.batch = draw, batch
         self.counts, self.payloads, self.rewards = [], [], []
 
     def __call__(self, counts: np.ndarray) -> np.ndarray:
-        """Draw counts (B,) more rollouts; returns the successes of this call per prompt (B,)."""
+        """Draw counts (P,) more rollouts of the step's first P prompts; returns this call's successes (P,)."""
         payload, rewards = self.draw(counts)
         rewards = np.asarray(rewards, dtype=np.float64)
         if rewards.shape != (int(counts.sum()),):
             raise ValueError(f"draw returned {rewards.shape[0]} rewards for {int(counts.sum())} rollouts")
-        self.counts.append(counts)
+        self.counts.append(np.asarray(counts, dtype=np.int64))
         self.payloads.append(payload)
         self.rewards.append(rewards)
-        return np.bincount(np.repeat(np.arange(self.batch), counts), weights=rewards, minlength=self.batch)
+        return np.bincount(np.repeat(np.arange(counts.size), counts), weights=rewards, minlength=counts.size)
 
-    def collected(self, p_hat=None, tau=None) -> Collected:
-        counts = np.sum(self.counts, axis=0)
-        rewards = np.concatenate(self.rewards)
-        order = None
-        if len(self.counts) > 1:  # regroup: prompt by prompt, each call's rollouts in call order (pilots first)
-            rows = np.concatenate([np.repeat(np.arange(self.batch), c) for c in self.counts])
-            order = np.argsort(rows, kind="stable")
+    def by_ids(self, size: int):
+        """The sequential steps' draw(prompt_ids, counts) -> rewards grouped in the order of prompt_ids, over a step
+        of `size()` prompts so far."""
+
+        def draw(prompt_ids, counts):
+            full = np.zeros(size(), dtype=np.int64)
+            full[prompt_ids] = counts
+            self(full)
+            rewards, offsets = self.rewards[-1], np.cumsum(full) - full  # this call's rewards, by ascending prompt
+            parts = [rewards[offsets[i] : offsets[i] + c] for i, c in zip(prompt_ids, counts, strict=True)]
+            return np.concatenate(parts) if parts else np.zeros(0)
+
+        return draw
+
+    def collected(self, trained=None, p_hat=None, tau=None, metrics=None) -> Collected:
+        """The step's groups for prompts `trained` (default: every prompt drawn), grouped, each in draw order."""
+        size = max(c.size for c in self.counts)
+        totals = np.sum([np.pad(c, (0, size - c.size)) for c in self.counts], axis=0)
+        trained = np.flatnonzero(totals) if trained is None else np.sort(np.asarray(trained, dtype=np.int64))
+        rewards, order = np.concatenate(self.rewards), None
+        if len(self.counts) > 1 or trained.size < np.count_nonzero(totals):
+            # regroup: prompt by prompt, each call's rollouts in call order (pilots first); drop untrained groups
+            rows = np.concatenate([np.repeat(np.arange(c.size), c) for c in self.counts])
+            keep = np.flatnonzero(np.isin(rows, trained))
+            order = keep[np.argsort(rows[keep], kind="stable")]
             rewards = rewards[order]
-        return Collected(counts, rewards, self.payloads, order, p_hat, tau, int(counts.sum()))
+        counts = totals[trained]
+        return Collected(trained, counts, rewards, self.payloads, order, p_hat, tau, int(totals.sum()), metrics or {})
 
 
 def collect_uniform(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
     """n_i = n0 for every prompt, one draw."""
     draws = _Draws(draw, batch)
     draws(uniform(batch, s.n0))
-    return draws.collected()
+    return draws.collected(np.arange(batch))
 
 
 def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
@@ -101,12 +125,12 @@ def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=
         p_hat = p_hat_source()
         if p_hat is None:
             draws(uniform(batch, s.n0))
-            return draws.collected()
+            return draws.collected(np.arange(batch))
         p_hat = np.asarray(p_hat, dtype=np.float64)
     # SERA: spend the same budget so the scale factors c(p_hat_i, n_i) come out (nearly) equal
     counts, tau = waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.delta, return_tau=True)
     draws(counts - drawn)
-    return draws.collected(p_hat, tau)
+    return draws.collected(np.arange(batch), p_hat, tau)
 
 
 def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
@@ -114,15 +138,122 @@ def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=No
     draws = _Draws(draw, batch)
     accuracy = draws(uniform(batch, s.n0)) / s.n0
     draws(dars_hw_extra(accuracy, s.n0, s.n_max))
-    return draws.collected()
+    return draws.collected(np.arange(batch))
 
 
-SAMPLERS = {"uniform": collect_uniform, "waterline": collect_waterline, "dars_hw": collect_dars_hw}
+# ---------------------------------------------------------------------------------------------------------------
+# Sequential allocators (DESIGN section 4): they take prompts from the stream as they go and drop some groups.
+# ---------------------------------------------------------------------------------------------------------------
+def accounting(result: StepResult, n: int) -> dict:
+    """The per-step accounting every sequential method logs."""
+    return {
+        "alloc/groups_committed": result.groups_committed,
+        "alloc/groups_abandoned": result.groups_abandoned,
+        "alloc/groups_discarded": result.groups_discarded,
+        "alloc/prompts_drawn": result.prompts_drawn,
+        "alloc/waves": result.waves,
+        "alloc/hit_wave_cap": int(result.hit_wave_cap),
+        "alloc/shortfall": result.shortfall,
+    }
 
 
-def collect(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source: Callable[[], np.ndarray] | None = None):
-    """The step's rollouts for B = batch prompts by the method's allocator. p_hat_source gives the history or
-    oracle p_hat (B,) when the method's estimator needs one. Returns a Collected."""
+def collect_ds(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
+    """DAPO dynamic sampling: rounds of gen_batch fresh prompts, n0 rollouts each, keep mixed groups, train on the
+    first B."""
+    draws = _Draws(draw)
+    q = s.sequential
+    result = ds_step(s.n0, batch, q.gen_batch or batch, q.max_rounds, draws.by_ids(stream.size), stream.take)
+    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0))
+
+
+def dps_stream(stream, predictor, ratio: int):
+    """take(k) from a candidate pool of ratio * k prompts, the top k by DPS's P(partial) (dps_select)."""
+
+    def take(k: int) -> np.ndarray:
+        pool = stream.take(ratio * k)
+        chosen = dps_select(predictor, stream.ids[pool], min(k, pool.size))
+        position = {int(i): int(p) for i, p in zip(stream.ids[pool], pool, strict=True)}
+        return np.array([position[int(i)] for i in chosen], dtype=np.int64)
+
+    return take
+
+
+def collect_dps(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor) -> Collected:
+    """DPS: a candidate pool of r * B prompts, the top B by predicted P(partial), n0 rollouts each."""
+    draws = _Draws(draw)
+    chosen = dps_stream(stream, predictor, s.sequential.dps_ratio)(batch)
+    counts = np.zeros(stream.size(), dtype=np.int64)
+    counts[chosen] = s.n0
+    draws(counts)
+    out = draws.collected(chosen, metrics={"alloc/prompts_drawn": int(stream.size())})
+    predictor.update(stream.ids[out.prompts], out.successes, out.counts)
+    return out
+
+
+def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, complete: bool):
+    q = s.sequential
+    settings = SaraSettings(
+        k0=q.k0, k_min=q.k_min, delta=q.chunk, tau_lo=q.tau_lo, tau_hi=q.tau_hi, max_waves=q.max_waves,
+        mode=q.mode, complete_committed=complete,
+    )  # fmt: skip
+    draws = _Draws(draw)
+    take = stream.take if predictor is None else dps_stream(stream, predictor, q.dps_ratio)
+    result = sara_step(settings, s.n0, batch, None, draws.by_ids(stream.size), take)
+    if predictor is not None:  # every group observed this step, committed or abandoned
+        ids = np.concatenate([result.prompt_ids, result.abandoned_ids])
+        successes = np.concatenate([result.successes, result.abandoned_successes])
+        n = np.concatenate([result.counts, result.abandoned_successes + result.abandoned_failures])
+        predictor.update(stream.ids[ids], successes, n)
+    return draws, result
+
+
+def collect_sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
+    """SARA (and SARA+DPS with a predictor): probe, commit or abandon, refill from the stream, in waves."""
+    draws, result = _sara(s, batch, draw, stream, predictor, complete=True)
+    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0))
+
+
+def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
+    """SARA+SERA: SARA's probe is SERA's pilot; the committed groups share C * n0 rollouts through the waterline."""
+    draws, result = _sara(s, batch, draw, stream, None, complete=False)
+    if result.counts.size == 0:
+        return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0))
+    # SERA: the committed groups' probes give p_hat; the waterline spreads the rest of their budget
+    extra = sera_counts_after_probe(result, result.counts.size * s.n0, s.n_max, s.p_lo, s.p_hi, s.delta)
+    counts = np.zeros(stream.size(), dtype=np.int64)
+    counts[result.prompt_ids] = extra
+    draws(counts)
+    order = np.argsort(result.prompt_ids)
+    p_hat = np.clip(result.successes / result.counts, s.p_lo, s.p_hi)[order]
+    return draws.collected(result.prompt_ids, p_hat=p_hat, metrics=accounting(result, s.n0))
+
+
+BATCH_SAMPLERS = {"uniform": collect_uniform, "waterline": collect_waterline, "dars_hw": collect_dars_hw}
+SEQUENTIAL_SAMPLERS = {
+    "ds": collect_ds,
+    "dps": collect_dps,
+    "sara": collect_sara,
+    "sara+dps": collect_sara,
+    "sara+sera": collect_sara_sera,
+}
+SAMPLERS = {**BATCH_SAMPLERS, **SEQUENTIAL_SAMPLERS}
+
+
+def collect(
+    s: MethodSettings,
+    batch: int,
+    draw: DrawFn,
+    p_hat_source: Callable[[], np.ndarray] | None = None,
+    stream=None,
+    predictor=None,
+) -> Collected:
+    """The step's rollouts by the method's allocator. Batch allocators use the step's first B = batch prompts
+    (taken already); p_hat_source gives the history or oracle p_hat (B,) when the estimator needs one. Sequential
+    allocators take prompts from `stream` (take(k), size(), ids) and DPS's `predictor`. Returns a Collected."""
     if s.estimator in ("history", "oracle") and p_hat_source is None:
         raise ValueError(f"method.estimator={s.estimator} needs a p_hat source")
-    return SAMPLERS[s.method.allocator](s, batch, draw, p_hat_source)
+    if s.method.allocator in SEQUENTIAL_SAMPLERS:
+        if stream is None or (s.method.allocator in ("dps", "sara+dps") and predictor is None):
+            raise ValueError(f"{s.method.name} needs a prompt stream (and DPS's predictor)")
+        return SEQUENTIAL_SAMPLERS[s.method.allocator](s, batch, draw, stream, predictor)
+    return BATCH_SAMPLERS[s.method.allocator](s, batch, draw, p_hat_source)

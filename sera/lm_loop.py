@@ -33,10 +33,11 @@ from sera.allocation import scale_factor
 from sera.collect import collect
 from sera.estimation import HistoricalEstimator
 from sera.losses import pg_loss
-from sera.methods import MethodSettings
+from sera.methods import SEQUENTIAL, MethodSettings
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, response_logprobs
 from sera.runlog import RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
+from sera.sequential import DynamicsPredictor
 
 
 class Task(Protocol):
@@ -52,8 +53,10 @@ class Task(Protocol):
     pad_id: int
     num_prompts: int | None  # size of a finite training set (ids in [0, num_prompts)); None: fresh prompts each step
 
-    def train_prompts(self, step: int, batch: int) -> tuple[np.ndarray, list[list[int]]]:
-        """The step's B prompts: (ids (B,), token lists)."""
+    def train_prompts(self, step: int, batch: int, start: int = 0) -> tuple[np.ndarray, list[list[int]]]:
+        """Prompts start .. start + batch - 1 of step `step`'s prompt stream: (ids, token lists), fewer when a finite
+        pool runs out. Deterministic in (step, start), so a resumed run draws the same prompts. The batch allocators
+        take the first B; DS, DPS and SARA take more as they go."""
 
     def eval_sets(self) -> dict[str, tuple[np.ndarray, list[list[int]]]]:
         """Named evaluation sets: {name: (ids (Q,), token lists)}."""
@@ -157,6 +160,25 @@ def gather_grouped(counts: np.ndarray, mine: np.ndarray, values: np.ndarray) -> 
     return out
 
 
+class StepPrompts:
+    """A step's prompts, taken from the task's stream as the sampler asks (sera.collect's prompt stream)."""
+
+    def __init__(self, task: Task, step: int):
+        self.task, self.step = task, step
+        self.ids, self.tokens = np.zeros(0, dtype=np.int64), []
+
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def take(self, k: int) -> np.ndarray:
+        """Add up to k prompts; returns their step indices."""
+        start = len(self.tokens)
+        ids, tokens = self.task.train_prompts(self.step, k, start) if k > 0 else ([], [])
+        self.ids = np.concatenate([self.ids, np.asarray(ids, dtype=np.int64)])
+        self.tokens += list(tokens)
+        return np.arange(start, len(self.tokens))
+
+
 def score(task: Task, ids: np.ndarray, rollouts: Rollouts) -> np.ndarray:
     """The task's rewards (N,) for every rollout, in one call: responses up to and including the end token."""
     mask = rollouts.mask.bool()
@@ -165,54 +187,74 @@ def score(task: Task, ids: np.ndarray, rollouts: Rollouts) -> np.ndarray:
     return np.asarray(task.rewards(ids[rollouts.prompt_index.numpy()], responses, ~ended), dtype=np.float64)
 
 
-def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step):
+def rl_step(
+    ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step, predictor=None
+):
     """One RL step: collect (p_hat, allocation, rollouts, rewards), advantages and weights, loss, update.
 
-    Returns the step's metrics; a non-finite loss or gradient skips the update (train/skipped_nonfinite).
+    Returns the step's metrics; a non-finite loss or gradient skips the update (train/skipped_nonfinite), and so does
+    a step with no group to train on (train/skipped_empty: DS or SARA at their caps).
     """
     t0 = time.perf_counter()
     device = next(model.parameters()).device
-    ids, prompts = task.train_prompts(step, ls.batch_size)
+    stream = StepPrompts(task, step)
+    sequential = ms.method.allocator in SEQUENTIAL
     _, world = world_info()
-    mine = shard(len(prompts))  # this rank's prompts (all of them in one process)
+    if sequential and world > 1:
+        raise ValueError(f"{ms.method.name} runs in one process: its prompts are drawn as the step goes")
+    if not sequential:
+        stream.take(ls.batch_size)
+    mine = shard(ls.batch_size)  # this rank's prompts (all of them in one process)
     reward_time = 0.0
 
     def draw(counts):  # generate this rank's share, score it in one call; every rank gets all the rewards
         nonlocal reward_time
-        if world == 1:
+        prompts = stream.tokens
+        if sequential:  # many of the step's prompts get no rollout in a call: leave them out of the prefill
+            use = np.flatnonzero(counts)
+            rollouts = engine.generate([prompts[i] for i in use], counts[use], ls.max_new_tokens, generator,
+                                       ls.temperature, ls.top_p)  # fmt: skip
+            rollouts.prompt_index = torch.as_tensor(use, dtype=torch.long)[rollouts.prompt_index]
+        elif world == 1:
             rollouts = engine.generate(prompts, counts, ls.max_new_tokens, generator, ls.temperature, ls.top_p)
         else:
             own = [prompts[i] for i in mine]
             rollouts = engine.generate(own, counts[mine], ls.max_new_tokens, generator, ls.temperature, ls.top_p)
             rollouts.prompt_index = torch.as_tensor(mine, dtype=torch.long)[rollouts.prompt_index]
         t = time.perf_counter()
-        rewards = score(task, ids, rollouts)
+        rewards = score(task, stream.ids, rollouts)
         reward_time += time.perf_counter() - t
         return rollouts, (rewards if world == 1 else gather_grouped(counts, mine, rewards))
 
-    p_hat_source = (lambda: history.estimate(ids) if history.has_data else None) if ms.estimator == "history" else None
-    out = collect(ms, len(prompts), draw, p_hat_source)
-    rollouts = out.payloads[0] if len(out.payloads) == 1 else concat_rollouts(out.payloads, task.pad_id)
+    first = stream.ids[: ls.batch_size]
+    p_hat_source = (
+        (lambda: history.estimate(first) if history.has_data else None) if ms.estimator == "history" else None
+    )
+    out = collect(ms, ls.batch_size, draw, p_hat_source, stream, predictor)
     t_gen = time.perf_counter() - t0
-    counts, rewards = out.counts, out.rewards  # (B,), (N,) grouped by prompt, pilots first
+    metrics = {"alloc/generated": out.rollouts_generated, "alloc/budget": ms.budget(ls.batch_size), **out.metrics}
+    if out.counts.size == 0:  # nothing to train on: say so and move on
+        return {**metrics, "train/skipped_empty": 1, "time/generate_s": t_gen, "time/step_s": time.perf_counter() - t0}
+    rollouts = out.payloads[0] if out.order is None else concat_rollouts(out.payloads, task.pad_id, out.order)
+    counts, rewards = out.counts, out.rewards  # (C,), (N,) grouped by prompt, pilots first
     adv = ADVANTAGES[ms.method.advantage](rewards, counts, **ms.adv_kwargs)
     # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i
     weights = multiplicity_weights(counts, ms.n0) if ms.multiplicity_correction else np.ones(rewards.size)
     if history is not None:
-        history.update(ids, out.successes, counts)
-    own = np.isin(out.rows, mine) if world > 1 else slice(None)  # this rank's rollouts, grouped
+        history.update(stream.ids[out.prompts], out.successes, counts)
+    own = np.isin(out.prompts[out.rows], mine) if world > 1 else slice(None)  # this rank's rollouts, grouped
     live = torch.as_tensor(np.flatnonzero(adv[own] * weights[own] != 0))  # zero-advantage rollouts add nothing
     tokens = float(rollouts.mask.sum())
     if world > 1:
         tokens = float(sum(all_gather(tokens)))
     live_total = int(sum(all_gather(int(live.numel()))))
-    metrics = {
+    successes = out.successes
+    metrics |= {
         "train/reward": float(rewards.mean()),
         "alloc/rollouts": out.rollouts_trained,
-        "alloc/generated": out.rollouts_generated,
-        "alloc/budget": ms.budget(len(counts)),
         "alloc/n_min": int(counts.min()),
         "alloc/n_max": int(counts.max()),
+        "alloc/effective_groups": int(np.count_nonzero((successes > 0) & (successes < counts))),
         "train/live_rollouts": live_total,
         "train/response_tokens": float(rollouts.mask.sum(1).float().mean()) if world == 1 else tokens / len(rewards),
     }
@@ -224,7 +266,7 @@ def rl_step(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, opt
     if live_total:
         totals = (out.rollouts_trained, tokens)
         loss = backward_in_micro_batches(
-            ms, ls, model, prompts, rollouts, live, adv[own], weights[own], task.pad_id, device, totals
+            ms, ls, model, stream.tokens, rollouts, live, adv[own], weights[own], task.pad_id, device, totals
         )
         if world > 1:
             loss = sum_over_ranks(model, loss)
@@ -353,6 +395,9 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     )
     generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
     history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
+    predictor = None
+    if ms.method.allocator in ("dps", "sara+dps"):  # DPS: every prompt's predicted dynamics, across steps
+        predictor = DynamicsPredictor(task.num_prompts, ms.sequential.dps_decay)
     skips = SkipGuard(ls.max_skipped_steps)
     start = 0
     state = run_dir.load_checkpoint() if run_dir is not None else None
@@ -369,6 +414,8 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         generator.set_state(generators[rank])
         if history is not None:
             history.load_state_dict(state["history"])
+        if predictor is not None:
+            predictor.load_state_dict(state["predictor"])
         start = state["step"]
         engine.sync_weights(model)
     if run_dir is not None:
@@ -386,7 +433,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = ls.lr * min(1.0, (step + 1) / max(1, ls.warmup_steps))
-        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step)
+        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step, predictor)
         skips.record(bool(metrics.get("train/skipped_nonfinite")), step)
         is_last = step == ls.steps - 1
         if (step + 1) % ls.eval_every == 0 or is_last:
@@ -406,6 +453,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
                     "optimizer": optimizer.state_dict(),
                     "generator": generators[0] if world == 1 else generators,
                     "history": history.state_dict() if history is not None else None,
+                    "predictor": predictor.state_dict() if predictor is not None else None,
                 }
             )
     return final

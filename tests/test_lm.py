@@ -82,13 +82,14 @@ def test_concat_rollouts_groups_pilots_first():
 
 class ToyTask:
     """The example of a task: reward 1 iff the first response token is 3 (a random tiny model does this ~1/10 of the
-    time). Four training prompts that recur (so the historical p_hat works), two named evaluation sets."""
+    time). A pool of 16 training prompts that recur (so the historical p_hat and DPS work), taken in a rotating order
+    (a step can draw up to all 16: DS, SARA), and two named evaluation sets."""
 
-    eos_id, pad_id, num_prompts = EOS, PAD, 4
+    eos_id, pad_id, num_prompts = EOS, PAD, 16
 
-    def train_prompts(self, step, batch):
-        ids = np.arange(batch) % self.num_prompts
-        return ids, [[1, 2 + int(i)] for i in ids]
+    def train_prompts(self, step, batch, start=0):
+        ids = (step + np.arange(start, min(start + batch, self.num_prompts))) % self.num_prompts
+        return ids, [[1, 2 + int(i) % 7, 3 + int(i) // 7] for i in ids]
 
     def eval_sets(self):
         return {"pair": (np.arange(2), [[1, 2], [1, 3]]), "single": (np.array([7]), [[1, 4, 5]])}
@@ -180,6 +181,45 @@ def draw_for(task, engine, prompts, ids, gen, max_new_tokens=4):
         return rollouts, score(task, ids, rollouts)
 
     return draw
+
+
+@pytest.mark.parametrize("method", ["ds", "dps", "sara", "sara+dps", "sara+sera"])
+def test_sequential_methods_train_and_account(tmp_path, method):
+    """DS, DPS, SARA and combinations through the LM loop: prompts drawn from the task's stream, every rollout
+    generated counted (dropped groups included), only committed groups trained, n0 rollouts each (SARA+SERA: the
+    waterline's counts, with the multiplicity correction)."""
+    cfg = loop_cfg(method, "none", 0, steps=4)
+    _, records = run_toy(cfg, tmp_path / "run")
+    trained = [r for r in records if "alloc/rollouts" in r]
+    assert trained, "no step trained"
+    for r in records:
+        assert r["alloc/generated"] >= r.get("alloc/rollouts", 0)
+        assert r["alloc/prompts_drawn"] >= r.get("alloc/groups_committed", 0)
+    for r in trained:
+        if method != "sara+sera":
+            assert r["alloc/n_min"] == r["alloc/n_max"] == 8
+        if method in ("ds", "sara", "sara+dps"):
+            assert r["alloc/effective_groups"] == r["alloc/groups_committed"]  # only mixed groups are kept
+    if method in ("dps", "sara+dps"):
+        state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+        assert state["predictor"] is not None  # DPS's per-prompt dynamics are part of the run's state
+
+
+def test_sequential_method_resumes_to_identical_metrics(tmp_path, monkeypatch):
+    cfg = loop_cfg("sara+dps", "none", 0, steps=4)
+    _, reference = run_toy(cfg, tmp_path / "a")
+    original = RunDir.log
+
+    def crash_at_step_3(self, step, metrics):
+        if step == 3:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, step, metrics)
+
+    monkeypatch.setattr(RunDir, "log", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(cfg, tmp_path / "b")
+    monkeypatch.setattr(RunDir, "log", original)
+    assert run_toy(cfg, tmp_path / "b")[1] == reference
 
 
 def test_collect_reuses_pilots_inside_the_budget():

@@ -21,7 +21,7 @@ from sera.collect import collect
 from sera.losses import pg_loss
 from sera.methods import ESTIMATORS, MethodSettings, Study
 
-STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True)
+STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True, sequential=False)
 ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
 
 

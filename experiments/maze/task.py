@@ -213,20 +213,41 @@ EVAL_SET = "heldout"  # the name of the maze's one evaluation set (records eval_
 
 
 class MazeTask:
-    """Fresh training mazes every step (per run seed), a fixed held-out set; prompts are identified by maze seed."""
+    """Training mazes (fresh every step, per run seed; or a finite pool), a fixed held-out set (sera.lm_loop.Task).
 
-    eos_id, pad_id, num_prompts = DONE_ID, PAD_ID, None
+    Fresh mazes are identified by their maze seed. With pool_size P, the training mazes are a fixed pool of P (ids
+    0..P-1, below the held-out seeds), each step taking them in its own seeded order: prompts recur across steps,
+    which the historical p_hat and DPS need, and a step can draw more than B of them (DS, DPS, SARA).
+    """
 
-    def __init__(self, cells: int, num_eval: int, run_seed: int = 0):
-        self.cells, self.run_seed = cells, run_seed
+    eos_id, pad_id = DONE_ID, PAD_ID
+
+    def __init__(self, cells: int, num_eval: int, run_seed: int = 0, pool_size: int | None = None):
+        if pool_size is not None and not 1 <= pool_size <= HELDOUT_SEED:
+            raise ValueError(f"task.pool_size must lie in [1, {HELDOUT_SEED}] or be null, got {pool_size}")
+        self.cells, self.run_seed, self.num_prompts = cells, run_seed, pool_size
         self.eval_ids = np.arange(HELDOUT_SEED, HELDOUT_SEED + num_eval)
         self.eval_grids = {int(s): g for s, g in zip(self.eval_ids, heldout_mazes(num_eval, cells), strict=True)}
         self.grids = dict(self.eval_grids)
 
-    def train_prompts(self, step: int, batch: int):
-        ids = np.array([train_maze_seed(step, i, batch, self.run_seed) for i in range(batch)])
-        self.grids = {**self.eval_grids, **{int(s): generate_maze(self.cells, int(s)) for s in ids}}
-        return ids, [encode_prompt(self.grids[int(s)]) for s in ids]
+    def maze_seed(self, prompt_id: int) -> int:
+        """The generating seed of a training maze: its id, or for pool maze j, run_seed * 2**32 + offset + j."""
+        if self.num_prompts is None:
+            return prompt_id
+        return self.run_seed * RUN_SEED_SHIFT + TRAIN_SEED_OFFSET + prompt_id
+
+    def train_prompts(self, step: int, batch: int, start: int = 0):
+        if self.num_prompts is None:
+            if start > 0:
+                raise ValueError("fresh training mazes give B prompts a step; set task.pool_size to draw more")
+            ids = np.array([train_maze_seed(step, i, batch, self.run_seed) for i in range(batch)])
+        else:  # the pool in this step's own order; fewer than asked once the pool is used up
+            order = np.random.default_rng([self.run_seed, step]).permutation(self.num_prompts)
+            ids = order[start : start + batch]
+        if start == 0:  # a new step: forget the previous step's mazes
+            self.grids = dict(self.eval_grids)
+        self.grids |= {int(i): generate_maze(self.cells, self.maze_seed(int(i))) for i in ids}
+        return ids, [encode_prompt(self.grids[int(i)]) for i in ids]
 
     def eval_sets(self):
         return {EVAL_SET: (self.eval_ids, [encode_prompt(self.eval_grids[int(s)]) for s in self.eval_ids])}

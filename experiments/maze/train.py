@@ -28,16 +28,20 @@ from sera.rollout import HFEngine, VLLMEngine
 from sera.runlog import RunDir, finished_summary
 from sera.threads import set_torch_threads
 
-STUDY = Study("maze", repeated_prompts=False)  # fresh mazes every step: no historical p_hat
-
 
 def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     """Every cross-field check, before any work starts (the base model included)."""
-    settings = MethodSettings.from_config(cfg, STUDY)
+    pool = cfg.task.pool_size
+    name = "maze" if pool is not None else "maze with fresh mazes every step (task.pool_size=N gives a finite pool)"
+    settings = MethodSettings.from_config(
+        cfg, Study(name, repeated_prompts=pool is not None, sequential=pool is not None)
+    )
     check_run_settings(cfg)
     check_optim(cfg.optim)
     loop = LoopSettings.from_config(cfg)
     maze.cells_for_grid(cfg.task.grid_size)
+    if pool is not None and not 1 <= pool <= maze.HELDOUT_SEED:
+        raise ValueError(f"task.pool_size must lie in [1, {maze.HELDOUT_SEED}] or be null, got {pool}")
     if cfg.model.path is None and cfg.model.name not in PRESETS:
         raise ValueError(f"unknown model.name {cfg.model.name!r}; choose from {sorted(PRESETS)} or set model.path")
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().exists():
@@ -91,7 +95,7 @@ def run(cfg: DictConfig) -> dict:
         base = ensure_base(cfg, loop, root, device)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.name, str(base)).to(device)
-        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed)
+        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed, cfg.task.pool_size)
         return model, task, make_engine(cfg, model, base)
 
     return run_rl(cfg, settings, loop, root / name, prepare, threads)
