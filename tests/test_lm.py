@@ -416,10 +416,16 @@ def test_maze_bad_input(tmp_path):
             (["optim.lr=nan"], "optim.lr"),
             (["optim.lr=inf"], "optim.lr"),
             (["sft.steps=0"], "sft.steps"),
+            (["method=sara"], "pool_size"),
+            (["method=dps"], "pool_size"),
+            (["method=sara", "task.pool_size=64", "method.sequential.k0=99"], "k0 <= n0"),
+            (["method=ds", "task.pool_size=64", "+method.sequential.bogus=1"], "bogus"),
+            (["task.pool_size=0"], "pool_size"),
         ]:
             cfg = compose("maze", overrides=overrides)
             if match is None:
                 assert validate(cfg)[0].method.name == "sera"
+                assert validate(compose("maze", ["method=sara+dps", "task.pool_size=64"]))[0].method.label == "SARA+DPS"
             else:
                 with pytest.raises((ValueError, FileNotFoundError), match=match):
                     validate(cfg)
