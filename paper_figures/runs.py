@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sera.methods import METHODS
+from sera.methods import METHODS, SEQUENTIAL
 from sera.passk import pass_at_k
 from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE
 
@@ -204,9 +204,15 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def setting(run: Run) -> tuple:
-    """Everything in the config that changes results, except the seed: runs with equal settings are seeds of one row."""
+    """Everything in the config that changes results, except the seed: runs with equal settings are seeds of one row.
+    The sequential allocators' settings (method.sequential) change nothing for the other methods, so they are left
+    out there (runs made before those settings existed group with runs made after)."""
     flat = _flatten(run.config)
-    keep = {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in NON_RESULT_KEYS)}
+    ignored = list(NON_RESULT_KEYS)
+    method = METHODS.get(run.get("method.name"))
+    if method is None or method.allocator not in SEQUENTIAL:
+        ignored.append("method.sequential")
+    keep = {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in ignored)}
     return tuple(sorted(keep.items()))
 
 

@@ -307,3 +307,14 @@ def test_load_runs_ignores_sweep_bookkeeping(tmp_path):
     (tmp_path / "imagenet-cpu" / ".sweeps" / "0").mkdir(parents=True)
     (tmp_path / "imagenet-cpu" / ".sweeps" / "0" / CONFIG_FILE).write_text("{}")
     assert len(load_runs(tmp_path / "imagenet-cpu")) == 1
+
+
+def test_sequential_settings_do_not_split_batch_method_rows():
+    """method.sequential only matters for DS/DPS/SARA: two SERA runs differing only there are seeds of one row."""
+    from paper_figures.runs import Run, setting
+
+    a = Run(None, {"method": {"name": "sera"}, "seed": 0}, [], True)
+    b = Run(None, {"method": {"name": "sera", "sequential": {"k0": 4}}, "seed": 1}, [], True)
+    c = Run(None, {"method": {"name": "sara", "sequential": {"k0": 4}}}, [], True)
+    d = Run(None, {"method": {"name": "sara", "sequential": {"k0": 2}}}, [], True)
+    assert setting(a) == setting(b) and setting(c) != setting(d)
