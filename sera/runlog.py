@@ -71,6 +71,7 @@ def check_same_config(path: Path, config: dict) -> None:
     previous = yaml.safe_load(config_file.read_text())
     if not isinstance(previous, dict):
         raise RunExistsError(f"{config_file} is empty or corrupt; delete {path} to start over.")
+    previous, config = _without_unused(previous), _without_unused(config)
     changed = sorted(
         k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
     )
@@ -81,6 +82,20 @@ def check_same_config(path: Path, config: dict) -> None:
             f"{path} holds {state} run with a different config (differs in: {changed}); delete it to start over, "
             "or rerun with the original config."
         )
+
+
+def _without_unused(config: dict) -> dict:
+    """The config less the settings its method does not read (method.sequential outside DS, DPS and SARA), so a run
+    made before such a setting existed is still the same run."""
+    from sera.methods import METHODS, SEQUENTIAL
+
+    method = config.get("method")
+    if not isinstance(method, dict) or "sequential" not in method:
+        return config
+    entry = METHODS.get(method.get("name"))
+    if entry is not None and entry.allocator in SEQUENTIAL:
+        return config
+    return {**config, "method": {k: v for k, v in method.items() if k != "sequential"}}
 
 
 def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:

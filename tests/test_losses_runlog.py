@@ -65,3 +65,15 @@ def test_wandb_mirror_offline(tmp_path, monkeypatch):
     quiet = RunDir(tmp_path / "q", {"method": "sera"}, {"enabled": False})
     quiet.log(0, {"train/reward": 0.5})
     assert not (tmp_path / "q" / "wandb").exists()
+
+
+def test_settings_a_method_does_not_read_do_not_change_the_run(tmp_path):
+    """A SERA run made before method.sequential existed is the same run; for SARA those settings matter."""
+    RunDir(tmp_path / "sera", {"method": {"name": "sera"}}).finish()
+    assert json.loads((tmp_path / "sera" / "DONE").read_text()) == {}
+    from sera.runlog import finished_summary
+
+    assert finished_summary(tmp_path / "sera", {"method": {"name": "sera", "sequential": {"k0": 4}}}) == {}
+    RunDir(tmp_path / "sara", {"method": {"name": "sara", "sequential": {"k0": 4}}}).finish()
+    with pytest.raises(RunExistsError, match="different config"):
+        finished_summary(tmp_path / "sara", {"method": {"name": "sara", "sequential": {"k0": 2}}})
