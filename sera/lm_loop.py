@@ -235,7 +235,10 @@ def rl_step(
     metrics = {"alloc/generated": out.rollouts_generated, "alloc/budget": ms.budget(ls.batch_size), **out.metrics}
     if out.counts.size == 0:  # nothing to train on: say so and move on
         return {**metrics, "train/skipped_empty": 1, "time/generate_s": t_gen, "time/step_s": time.perf_counter() - t0}
-    rollouts = out.payloads[0] if out.order is None else concat_rollouts(out.payloads, task.pad_id, out.order)
+    if world > 1:  # this rank's own rollouts (the batch allocators train every drawn group), grouped by prompt
+        rollouts = out.payloads[0] if len(out.payloads) == 1 else concat_rollouts(out.payloads, task.pad_id)
+    else:
+        rollouts = out.payloads[0] if out.order is None else concat_rollouts(out.payloads, task.pad_id, out.order)
     counts, rewards = out.counts, out.rewards  # (C,), (N,) grouped by prompt, pilots first
     adv = ADVANTAGES[ms.method.advantage](rewards, counts, **ms.adv_kwargs)
     # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i

@@ -1,7 +1,8 @@
 """Two LM-loop steps on the toy task, in one process or under torchrun (gloo): writes the final parameters.
 
 Run by tests/test_lm.py::test_two_process_step_equals_one_process_step. The engine samples from a generator keyed by
-(prompt, how many times the prompt was drawn), so both layouts draw the same rollouts and must take the same steps.
+(prompt, engine call, index within the call), which every rank sees alike, so both layouts draw the same rollouts and
+must take the same steps.
 """
 
 import sys
@@ -16,20 +17,20 @@ from tests.test_lm import EOS, PAD, ToyTask, loop_cfg, tiny_model
 
 
 class KeyedEngine:
-    """Samples a rollout's tokens from a generator seeded by its prompt and draw number: layout-independent."""
+    """Samples a rollout's tokens from a generator seeded by its prompt, the call and its index: layout-independent."""
 
     def __init__(self):
-        self.drawn = {}
+        self.calls = 0
 
     def sync_weights(self, model):
         pass
 
     def generate(self, prompts, counts, max_new_tokens, generator, temperature=None, top_p=1.0):
         rows, tokens = [], []
+        self.calls += 1  # every rank makes the same calls
         for i, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
-            for _ in range(int(count)):
-                key = (tuple(prompt), self.drawn.get(tuple(prompt), 0))
-                self.drawn[tuple(prompt)] = key[1] + 1
+            for j in range(int(count)):
+                key = (tuple(prompt), self.calls, j)
                 rng = np.random.default_rng(abs(hash(key)) % 2**32)
                 length = int(rng.integers(1, max_new_tokens + 1))
                 toks = list(rng.integers(1, 9, length - 1)) + [EOS]
