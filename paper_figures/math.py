@@ -7,7 +7,13 @@ method.aggregation; train.steps; n0; seed) and one per-question record per evalu
 sera.runlog.eval_record_file: eval_step<N>_<dataset>.json = {"ids": [...], "n": samples per question, "correct": [...]}.
 Pass@K comes from the newest record's counts with the unbiased estimator; deltas use a question-paired 95% bootstrap
 (10,000 resamples), pairing questions by id. Seeds, unfinished and corrupt runs, NaN values and refused pairings
-follow paper_figures/runs.py.
+follow paper_figures/runs.py. A base run that logs an answer-guessing floor (eval/<dataset>/guess_pass@k: answers drawn
+from the training answers' frequencies; guess_top_pass@k: the k commonest training answers) adds two rows with it.
+
+Scales with their own tables (CPU_TABLES): `--scale cpu` builds Table 1 and Table 5 for the CPU default, the
+from-scratch tiny-math model on generated chain sums (`--scale smoke` the same for the test scale's tiny model),
+beside the paper's SmolLM2 numbers for the direction of the effect only (not comparable in absolute value); every
+other table, and every table at other scales, is the paper's.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ DATASETS = {  # file slug -> the paper's name
     "math500": "MATH-500",
     "minerva": "Minerva Math",
     "olympiadbench": "OlympiadBench",
+    "chain-sum": "Chain sums (generated, CPU)",
 }
 SLUG = {v: k for k, v in DATASETS.items()}
 PASSK_TABLES = {
@@ -74,6 +81,40 @@ DELTA_TABLES = {
 }
 
 
+CPU_MODEL = "tiny-math"  # the CPU default's from-scratch model (experiments/math/model.py)
+CPU_KS = [1, 4, 16, 64, 128]  # the CPU default samples 128 a question
+CPU_NOTE = (
+    "CPU default: a ~1M-parameter model trained from scratch on generated chain sums, not SmolLM2-360M on "
+    "GSM8K-Platinum. Its numbers are not comparable in absolute value with the paper's rows; compare the direction "
+    "of the differences. The guessing rows are the floor a model that never reads the question reaches."
+)
+CPU_TABLES = {  # scale -> tables built instead of the paper's of the same name
+    "cpu": {
+        "table1": (CPU_MODEL, ["chain-sum"], CPU_KS, "table1_smollm2_gsm8k_platinum.csv"),
+        "table5": (CPU_MODEL, ["chain-sum"], CPU_KS, "table5_smollm2_uncertainty.csv"),
+    },
+    "smoke": {  # the test scale's seconds-long runs: the same tables, end to end
+        "table1": ("tiny-math-smoke", ["chain-sum"], [1, 2, 4, 8], "table1_smollm2_gsm8k_platinum.csv"),
+        "table5": ("tiny-math-smoke", ["chain-sum"], [1, 2, 4, 8], "table5_smollm2_uncertainty.csv"),
+    },
+}
+
+
+def table_spec(name: str, scale: str) -> tuple:
+    """(model, datasets, ks, reference file) of table `name` at `scale`: the scale's own table, else the paper's."""
+    own = CPU_TABLES.get(scale, {})
+    return own[name] if name in own else {**PASSK_TABLES, **DELTA_TABLES}[name]
+
+
+def table_note(name: str, scale: str) -> str:
+    return f"{CPU_NOTE}\n\n" if name in CPU_TABLES.get(scale, {}) else ""
+
+
+def paper_source(name: str, scale: str) -> str:
+    """The source cell of the paper's rows: which model and dataset they are, where the table's runs are another."""
+    return "paper (SmolLM2-360M, GSM8K-Platinum)" if name in CPU_TABLES.get(scale, {}) else "paper"
+
+
 def evaluated_on(dataset: str):
     """Whether a run has a per-question record on `dataset` (a predicate for with_results)."""
     return lambda run: dataset in run.eval_records
@@ -99,8 +140,23 @@ def pct(pq: PerQuestion | None, ks: list[int]) -> list:
     return [means.get(k) for k in ks]
 
 
+def guess_rows(base: list[Run], shown: str, dataset: str, ks: list[int]) -> list[list]:
+    """The answer-guessing floor the base run logged (none when it logged none): two rows."""
+    runs = [r for r in base if r.last(f"eval/{dataset}/guess_pass@{ks[0]}") is not None]
+    if not runs:
+        return []
+    rows = []
+    for key, label in [
+        ("guess_pass", "Guessing: answers at training frequency"),
+        ("guess_top_pass", "Guessing: k commonest answers"),
+    ]:
+        values = [runs[0].last(f"eval/{dataset}/{key}@{k}") for k in ks]
+        rows.append([shown, label, "baseline", "", "", "", *[None if v is None else 100 * v for v in values]])
+    return rows
+
+
 def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) -> str:
-    model, datasets, ks, ref_name = PASSK_TABLES[name]
+    model, datasets, ks, ref_name = table_spec(name, scale)
     base, groups = model_runs(runs_root, scale, model)
     reference = read_reference(ref_name)
     header = ["dataset", "method", "source", "seeds", "steps", "budget", *[f"Pass@{k}" for k in ks]]
@@ -111,6 +167,7 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
         curves = {"Base": base_pk}
         source = "reproduced" if base_pk is not None else "not run"
         rows.append([shown, tagged("Base", status_tags(base)), source, seeds(base_pk), "", "", *pct(base_pk, ks)])
+        rows += guess_rows(base, shown, dataset, ks)
         index = {}
         for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation")):
             budget = g[0].get("train.batch_size", 0) * g[0].get("n0", 0) if g[0].get("n0") else ""
@@ -129,9 +186,10 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
             method = p["method"] + (f" ({p['normalization']})" if p.get("normalization") else "")
             if p["method"] in ("MaxRL", "SERA", "GRPO", "DARS-HW") and p["method"] not in run_labels:
                 rows.append([shown, method, "not run", "", "", "", *[None] * len(ks)])
-            rows.append([shown, method, "paper", "", "", "", *[float(p[f"pass@{k}"]) for k in ks]])
+            values = [float(p[f"pass@{k}"]) if f"pass@{k}" in p else "n/a" for k in ks]
+            rows.append([shown, method, paper_source(name, scale), "", "", "", *values])
     md = write_table(out_root / f"math-{scale}" / name, header, rows, bold=bold)
-    text = f"# {name.capitalize()} ({model}), scale={scale}\n\n{md}"
+    text = f"# {name.capitalize()} ({model}), scale={scale}\n\n{table_note(name, scale)}{md}"
     print(text)
     return text
 
@@ -142,7 +200,7 @@ def seeds(pq: PerQuestion | None) -> int:
 
 
 def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, num_resamples: int = 10_000) -> str:
-    model, datasets, ks, ref_name = DELTA_TABLES[name]
+    model, datasets, ks, ref_name = table_spec(name, scale)
     _, groups = model_runs(runs_root, scale, model)
     reference = read_reference(ref_name)
     header = [
@@ -180,7 +238,7 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
                 missing = [pair, "", "", ""] if isinstance(pair, str) else [None] * 4  # refused, or not run
                 rows.append([shown, norm, k, *cells.get(k, missing), *paper_delta(reference, shown, k)])
     md = write_table(out_root / f"math-{scale}" / name, header, rows)
-    text = f"# {name.capitalize()} ({model}): SERA minus MaxRL, scale={scale}\n\n{md}"
+    text = f"# {name.capitalize()} ({model}): SERA minus MaxRL, scale={scale}\n\n{table_note(name, scale)}{md}"
     print(text)
     return text
 
@@ -202,10 +260,13 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    own = CPU_TABLES.get(args.scale)  # a scale with its own tables builds only those
     for name in PASSK_TABLES:
-        passk_table(name, args.runs, args.scale, args.out)
+        if own is None or name in own:
+            passk_table(name, args.runs, args.scale, args.out)
     for name in DELTA_TABLES:
-        delta_table(name, args.runs, args.scale, args.out)
+        if own is None or name in own:
+            delta_table(name, args.runs, args.scale, args.out)
 
 
 if __name__ == "__main__":

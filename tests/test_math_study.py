@@ -239,6 +239,11 @@ def test_smollm2_135m_loads_renders_samples_grades_and_trains(tmp_path, monkeypa
             super().__init__(*args, **kwargs)
             tasks.append(self)
 
+        def rewards(self, ids, responses, truncated):
+            graded = super().rewards(ids, responses, truncated)  # the real decoding and math-verify
+            # this model almost never solves these in 12 tokens: a success in every group gives the step a gradient
+            return np.maximum(graded, np.arange(len(ids)) % 2)
+
     monkeypatch.setattr(math_train, "MathTask", Recorded)
     cfg = config(
         "scale=math/smollm2_check", f"run.root={tmp_path}", "threads=1", "max_new_tokens=12", "train.steps=1",
@@ -247,15 +252,11 @@ def test_smollm2_135m_loads_renders_samples_grades_and_trains(tmp_path, monkeypa
     final = math_train.run(cfg)
     root = tmp_path / "math-check" / "smollm2-135m-instruct"
     prompt = tasks[-1].tokenizer.decode(tasks[-1].train_prompts(0, 1)[1][0])
-    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith(
-        f"{INSTRUCT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert prompt.startswith("<|im_start|>system\n")
+    assert prompt.endswith(f"{INSTRUCT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n")
     assert tasks[-1].eos_id == tasks[-1].tokenizer.convert_tokens_to_ids("<|im_end|>")
     record = json.loads((root / "base_seed-0" / "eval_step0_gsm-symbolic.json").read_text())
     assert record["n"] == 2 and len(record["correct"]) == 2
     step = read_jsonl(root / "maxrl-token-mean_n0-2_seed-0" / "metrics.jsonl")[0]
-    assert (
-        step["alloc/rollouts"] == 4
-        and step["train/response_tokens"] > 0
-        and 0 <= final["eval/gsm-symbolic/pass@2"] <= 1
-    )
+    assert step["alloc/rollouts"] == 4 and step["train/live_rollouts"] == 4 and np.isfinite(step["train/grad_norm"])
+    assert step["train/response_tokens"] > 0 and 0 <= final["eval/gsm-symbolic/pass@2"] <= 1

@@ -242,7 +242,7 @@ def test_write_jsonl_round_trip(tmp_path):
 def test_registry_covers_the_paper_tables_datasets():
     from paper_figures.math import DATASETS
 
-    assert set(DATASETS) <= set(REGISTRY)
+    assert set(DATASETS) - {"chain-sum"} <= set(REGISTRY)  # chain-sum is generated, not a hub dataset
     assert {"gsm8k", "polaris"} <= set(REGISTRY)
 
 

@@ -27,8 +27,10 @@ def math_run(
     steps=2000,
     experiment="math",
     done=True,
+    scale="paper",
+    metrics=None,
 ):
-    path = root / "math-paper" / name
+    path = root / f"math-{scale}" / name
     path.mkdir(parents=True)
     config = {
         "experiment": experiment,
@@ -39,7 +41,7 @@ def math_run(
         "train": {"steps": steps, "batch_size": 32},
     }
     (path / CONFIG_FILE).write_text(yaml.safe_dump(config))
-    (path / METRICS_FILE).write_text(json.dumps({"step": steps}) + "\n")
+    (path / METRICS_FILE).write_text(json.dumps({"step": steps, **(metrics or {})}) + "\n")
     record = {"ids": list(range(len(correct))), "n": n, "correct": [None if c is None else int(c) for c in correct]}
     (path / eval_record_file(steps, dataset)).write_text(json.dumps(record))
     (path / eval_record_file(steps // 2, dataset)).write_text(json.dumps({**record, "correct": [0] * len(correct)}))
@@ -165,3 +167,64 @@ def test_nan_counts_show_as_nan_and_are_never_bold(tmp_path):
     assert next(r for r in rows if r["method"] == "MaxRL (token-mean)")["Pass@1"] == "nan"
     md = (tmp_path / "out" / "math-paper" / "table1.md").read_text()
     assert "**" not in next(line for line in md.splitlines() if "| SERA (token-mean) | reproduced" in line)
+
+
+CPU = {"model": "tiny-math", "dataset": "chain-sum", "scale": "cpu", "n": 64, "steps": 200}
+
+
+def test_cpu_table1_is_the_tiny_models_with_the_guessing_floor(tmp_path):
+    rng = np.random.default_rng(2)
+    c_maxrl, c_sera, c_base = (rng.integers(0, 65, 50) for _ in range(3))
+    guess = {f"eval/chain-sum/guess_pass@{k}": k / 1000 for k in [1, 4, 16, 64, 128]}
+    guess |= {f"eval/chain-sum/guess_top_pass@{k}": k / 500 for k in [1, 4, 16, 64, 128]}
+    math_run(tmp_path, "maxrl", "maxrl", c_maxrl, **CPU)
+    math_run(tmp_path, "sera", "sera", c_sera, **CPU)
+    math_run(tmp_path, "base", "none", c_base, experiment="math-base", metrics=guess, **CPU)
+    math_run(tmp_path, "other-model", "grpo", c_base, **{**CPU, "model": "smollm2-360m-instruct"})
+    text = math_tables.passk_table("table1", tmp_path, "cpu", tmp_path / "out")
+    assert "not comparable in absolute value" in text
+    rows = rows_of(tmp_path / "out" / "math-cpu" / "table1.csv")
+    assert list(rows[0])[6:] == [f"Pass@{k}" for k in [1, 4, 16, 64, 128]]
+    sera = next(r for r in rows if r["method"] == "SERA (token-mean)")
+    assert float(sera["Pass@16"]) == pytest.approx(100 * pass_at_k(64, c_sera, 16).mean(), abs=0.005)
+    assert sera["Pass@128"] == "not run"  # 64 samples cannot estimate Pass@128
+    base = next(r for r in rows if r["method"] == "Base" and r["source"] == "reproduced")
+    assert float(base["Pass@4"]) == pytest.approx(100 * pass_at_k(64, c_base, 4).mean(), abs=0.005)
+    sample = next(r for r in rows if r["method"] == "Guessing: answers at training frequency")
+    top = next(r for r in rows if r["method"] == "Guessing: k commonest answers")
+    assert (sample["source"], sample["Pass@64"], top["Pass@16"], top["Pass@128"]) == (
+        "baseline",
+        "6.40",
+        "3.20",
+        "25.60",
+    )
+    assert not any(r["method"].startswith("GRPO") and r["source"] == "reproduced" for r in rows)  # another model
+    paper = next(r for r in rows if r["method"] == "Base model")
+    assert (paper["source"], paper["Pass@1"], paper["Pass@4"]) == (
+        "paper (SmolLM2-360M, GSM8K-Platinum)",
+        "6.80",
+        "n/a",
+    )
+
+
+def test_cpu_table5_bootstraps_the_tiny_models_runs(tmp_path):
+    rng = np.random.default_rng(3)
+    c_maxrl = rng.integers(0, 65, 40)
+    c_sera = np.clip(c_maxrl + rng.integers(0, 20, 40), 0, 64)
+    math_run(tmp_path, "maxrl", "maxrl", c_maxrl, **CPU)
+    math_run(tmp_path, "sera", "sera", c_sera, **CPU)
+    math_tables.delta_table("table5", tmp_path, "cpu", tmp_path / "out")
+    rows = rows_of(tmp_path / "out" / "math-cpu" / "table5.csv")
+    assert [int(r["k"]) for r in rows] == [1, 4, 16, 64, 128]
+    ks = [1, 4, 16, 64]
+    ci = paired_bootstrap_ci(pass_at_k(64, c_sera, ks), pass_at_k(64, c_maxrl, ks))
+    for row, k in zip(rows, ks, strict=False):
+        assert float(row["delta (pp)"]) == pytest.approx(100 * ci.delta[ks.index(k)], abs=0.005)
+    assert rows[-1]["delta (pp)"] == "not run" and rows[-1]["paper delta"] == "5.54" and rows[0]["paper delta"] == "n/a"
+
+
+def test_the_cpu_scale_builds_only_its_own_tables(tmp_path):
+    math_run(tmp_path, "sera", "sera", [1, 2], **CPU)
+    math_tables.main(["--scale", "cpu", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
+    built = sorted(p.name for p in (tmp_path / "out" / "math-cpu").glob("*.csv"))
+    assert built == ["table1.csv", "table5.csv"]

@@ -1,0 +1,287 @@
+"""Math reasoning (the paper's Tables 1, 5-9): a language model learns to solve math problems with GRPO, PKPO, MaxRL,
+DARS-HW or SERA; the reward is math-verify on the last \\boxed{} of the response (experiments/math/grading.py).
+
+Run (one run; the base model is trained or evaluated on first use and shared; the same command resumes a run):
+    python -m experiments.math.train method=sera                        # CPU default: tiny-math on chain sums
+    python -m experiments.math.train method=maxrl method.aggregation=seqnorm
+    python -m experiments.math.train scale=math/smoke method=grpo        # seconds
+    python -m experiments.math.train scale=math/smollm2_check          # SmolLM2-135M-Instruct check, ~9 min on CPU
+    python -m experiments.math.train scale=math/paper method=sera       # SmolLM2-360M-Instruct, GSM8K (GPUs)
+The Table 1 grid is `make reproduce-math`; its tables `python -m paper_figures.math --scale cpu`.
+
+Runs live in runs/math-<scale>/<model.name>/: base_seed-<s> is the base (pre-RL) model's run (experiment: math-base;
+for a from-scratch model it also holds the SFT checkpoint every RL run starts from), and each RL run is
+<method>-<aggregation>_n0-<n0>_seed-<s>, with eval_step<N>_<set>.json per evaluation set (paper_figures/math.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.math.data import DATA_DIR, load_dataset_spec
+from experiments.math.generated import FAMILIES, HELDOUT_POOL, guessing_baseline, make_splits
+from experiments.math.grading import score_batch
+from experiments.math.model import (
+    EOS_ID,
+    FROM_SCRATCH,
+    MODELS,
+    PAD_ID,
+    PRETRAINED,
+    build_tokenizer,
+    check_available,
+    load_pretrained,
+)
+from experiments.math.prompts import TEMPLATES, render
+from experiments.math.sft import train_base
+from sera.config import check_group_choices, check_optim, check_run_settings
+from sera.lm_loop import LoopSettings, evaluate_into, run_rl
+from sera.methods import MethodSettings, Study
+from sera.rollout import HFEngine, VLLMEngine
+from sera.runlog import RunDir, finished_summary
+from sera.threads import set_torch_threads
+
+STUDY = Study("math", repeated_prompts=True)  # a finite training set that recurs: the historical p_hat exists
+EVAL_ID_BASE = 10_000_000  # question i of evaluation set j has id (j + 1) * EVAL_ID_BASE + i; training ids 0..N-1
+ORDER_SEED = 20_260_000  # salt of the per-epoch permutations of the training set
+DTYPES = ("float32", "bfloat16", "float16")
+SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # an evaluation set's name is part of its record's file name
+
+
+def from_scratch(cfg) -> bool:
+    return cfg.model.path is None and cfg.model.name in FROM_SCRATCH
+
+
+def family_set_name(family: str) -> str:
+    """The evaluation set of a generated family: its held-out split, e.g. chain_sum -> chain-sum."""
+    return family.replace("_", "-")
+
+
+def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
+    """Every cross-field check, before any work starts; nothing is loaded (see `load_problems`, `check_available`)."""
+    settings = MethodSettings.from_config(cfg, STUDY)
+    check_run_settings(cfg)
+    check_optim(cfg.optim)
+    loop = LoopSettings.from_config(cfg)
+    model, data = cfg.model, cfg.data
+    if model.path is None and model.name not in MODELS:
+        raise ValueError(f"unknown model.name {model.name!r}; choose from {MODELS} or set model.path")
+    if not model.name or not SET_NAME.fullmatch(str(model.name)):
+        raise ValueError(f"model.name {model.name!r} names the run folder: letters, digits, '.', '_' and '-' only")
+    if model.dtype not in DTYPES:
+        raise ValueError(f"unknown model.dtype {model.dtype!r}; choose from {DTYPES}")
+    if cfg.template not in TEMPLATES:
+        raise ValueError(f"unknown template {cfg.template!r}; choose from {sorted(TEMPLATES)}")
+    if from_scratch(cfg):
+        if cfg.template != "plain":
+            raise ValueError(f"{model.name} is trained from scratch with a character tokenizer: use template=plain")
+        if model.eos_token is not None:
+            raise ValueError(f"{model.name} has its own end token: leave model.eos_token=null")
+        if data.family is None:
+            raise ValueError(f"{model.name} is trained from scratch on worked solutions: set data.family (generated)")
+        if cfg.sft.steps < 1 or cfg.sft.batch_size < 1 or not cfg.sft.lr > 0:
+            raise ValueError(f"sft.steps and sft.batch_size must be >= 1 and sft.lr > 0, got {dict(cfg.sft)}")
+    if data.family is not None:
+        if data.family not in FAMILIES:
+            raise ValueError(f"unknown data.family {data.family!r}; choose from {sorted(FAMILIES)} or null")
+        if data.train is not None or data.eval:
+            raise ValueError(
+                "data.family generates the training and held-out sets: leave data.train and data.eval empty"
+            )
+        if not 1 <= data.num_heldout <= HELDOUT_POOL:
+            raise ValueError(f"data.num_heldout must lie in [1, {HELDOUT_POOL}], got {data.num_heldout}")
+        if not cfg.train.batch_size <= data.num_train < EVAL_ID_BASE:
+            raise ValueError(f"data.num_train={data.num_train} must be >= train.batch_size={cfg.train.batch_size}")
+    else:
+        if data.train is None or not data.eval:
+            raise ValueError("set data.family (generated problems), or data.train and data.eval {name: dataset}")
+        bad = [name for name in data.eval if not SET_NAME.fullmatch(str(name))]
+        if bad:
+            raise ValueError(f"evaluation set names {bad} name files: use letters, digits, '.', '_' and '-'")
+    if data.eval_limit is not None and data.eval_limit < 1:
+        raise ValueError(f"data.eval_limit must be >= 1 or null, got {data.eval_limit}")
+    if cfg.engine not in ("hf", "vllm"):
+        raise ValueError(f"engine must be hf or vllm, got {cfg.engine!r}")
+    spec = PRETRAINED.get(model.name)
+    if cfg.engine == "vllm" and model.path is None and spec is not None and spec.package is not None:
+        raise ValueError(f"engine=vllm cannot load {model.name} (a GGUF file in a wheel): use engine=hf")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
+    return settings, loop
+
+
+def load_problems(cfg) -> tuple[list[dict], dict[str, list[dict]], list[dict]]:
+    """(RL training problems, {evaluation set: problems}, SFT problems). A generated family gives num_train RL
+    problems, then sft.steps x sft.batch_size more for a from-scratch model's SFT (disjoint from both); a dataset is
+    read from its local file (FileNotFoundError naming the path and the hub dataset when it is missing)."""
+    data = cfg.data
+    if data.family is not None:
+        sft_count = cfg.sft.steps * cfg.sft.batch_size if from_scratch(cfg) else 0
+        options = OmegaConf.to_container(data.options).get(data.family, {})
+        train, heldout = make_splits(data.family, data.num_train + sft_count, data.num_heldout, cfg.seed, **options)
+        train, sft, evals = train[: data.num_train], train[data.num_train :], {family_set_name(data.family): heldout}
+    else:
+        data_dir = Path(data.dir).expanduser() if data.dir else DATA_DIR
+        train, sft = load_dataset_spec(data.train, data_dir=data_dir), []
+        evals = {str(name): load_dataset_spec(source, data_dir=data_dir) for name, source in data.eval.items()}
+    if data.eval_limit is not None:
+        evals = {name: problems[: data.eval_limit] for name, problems in evals.items()}
+    if len(train) < cfg.train.batch_size:
+        raise ValueError(f"{len(train)} training problems, fewer than train.batch_size={cfg.train.batch_size}")
+    return train, evals, sft
+
+
+class MathTask:
+    """A finite training set (ids 0..N-1) drawn in seeded epochs, named evaluation sets, math-verify rewards.
+
+    The training stream is the concatenation of per-epoch permutations of the training set, each seeded by (run seed,
+    epoch); step t's prompts start at position t*B (B = the configured batch), so the B-prompt batches of successive
+    steps tile it and every problem is seen once an epoch (a sampler that takes more than B in a step reads on into
+    the next step's, at most N a step). A resumed run draws the same problems. Evaluation questions have ids
+    EVAL_ID_BASE * (set position + 1) + row, so one `rewards` serves both.
+    """
+
+    def __init__(self, tokenizer, template: str, problems, batch_size: int, seed: int, eos_id: int, pad_id: int):
+        train, evals, _ = problems  # load_problems' (training problems, {set: problems}, SFT problems)
+        self.tokenizer, self.batch_size, self.seed = tokenizer, batch_size, seed
+        self.eos_id, self.pad_id, self.num_prompts = eos_id, pad_id, len(train)
+
+        def encode(problems):
+            texts = [render(template, p["question"], tokenizer) for p in problems]
+            return [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+
+        self.train = encode(train)
+        self.evals = {}
+        self.golds = {i: p["answer"] for i, p in enumerate(train)}
+        for j, (name, problems) in enumerate(evals.items()):
+            ids = EVAL_ID_BASE * (j + 1) + np.arange(len(problems))
+            self.evals[name] = (ids, encode(problems))
+            self.golds.update({int(i): p["answer"] for i, p in zip(ids, problems, strict=True)})
+
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - one task per run; a step touches at most two epochs
+    def permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng((ORDER_SEED, self.seed, epoch)).permutation(self.num_prompts)
+
+    def train_prompts(self, step: int, batch: int, start: int = 0):
+        """Prompts start .. start + batch - 1 of step `step`'s stream (fewer past N): (ids, token lists)."""
+        position = step * self.batch_size + np.arange(start, min(start + batch, self.num_prompts))
+        epoch, index = np.divmod(position, self.num_prompts)
+        ids = np.array([self.permutation(int(e))[i] for e, i in zip(epoch, index, strict=True)])
+        return ids, [self.train[i] for i in ids]
+
+    def eval_sets(self):
+        return self.evals
+
+    def rewards(self, ids, responses, truncated):
+        """math-verify of each decoded response (special tokens skipped) against its gold answer; cut ones score 0."""
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return score_batch(texts, [self.golds[int(i)] for i in ids], truncated)
+
+
+def load_policy(cfg, base: Path, device: str):
+    """(model, tokenizer, engine, eos_id, pad_id): the from-scratch base checkpoint in `base`, or a pretrained model."""
+    if from_scratch(cfg):
+        from transformers import AutoModelForCausalLM
+
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(base), build_tokenizer()
+        eos_id, pad_id, source = EOS_ID, PAD_ID, base
+    else:
+        model, tokenizer = load_pretrained(cfg.model.name, cfg.model.path, cfg.model.dtype)
+        eos_token = cfg.model.eos_token or tokenizer.eos_token
+        if eos_token not in tokenizer.get_vocab():
+            raise ValueError(f"model.eos_token {eos_token!r} is not a token of {cfg.model.name}'s tokenizer")
+        eos_id = tokenizer.convert_tokens_to_ids(eos_token)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id  # responses are masked
+        source = cfg.model.path or PRETRAINED[cfg.model.name].hub
+    model = model.to(device)
+    if cfg.engine == "vllm":
+        engine = VLLMEngine(str(source), eos_id, pad_id, cfg.temperature, cfg.seed)
+    else:
+        engine = HFEngine(model, eos_id, pad_id, cfg.temperature)
+    return model, tokenizer, engine, eos_id, pad_id
+
+
+def base_config(cfg) -> dict:
+    """The base run's config: the settings its model and evaluation depend on (a different one is refused)."""
+    keys = ["model", "template", "data", "seed", "temperature", "top_p", "max_new_tokens", "eval"]
+    config = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys + ["sft"] * from_scratch(cfg)), resolve=True)
+    del config["eval"]["every"]  # when RL runs evaluate does not change the base run
+    return {"experiment": f"{cfg.experiment}-base", **config}
+
+
+def guess_metrics(train: list[dict], evals: dict[str, list[dict]], ks) -> dict:
+    """The answer-guessing floor on each generated held-out set: Pass@k of answers drawn from the training answers'
+    frequencies (guess_pass@k, a model at chance) and of the k commonest training answers (guess_top_pass@k)."""
+    metrics = {}
+    for name, heldout in evals.items():
+        guess = guessing_baseline(train, heldout, ks)
+        metrics.update({f"eval/{name}/guess_pass@{k}": v for k, v in guess["sample"].items()})
+        metrics.update({f"eval/{name}/guess_top_pass@{k}": v for k, v in guess["top"].items()})
+    return metrics
+
+
+def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: str) -> None:
+    """The base (pre-RL) run, the tables' "Base" row, done once and shared: for a from-scratch model, SFT into `path`
+    then an evaluation; for a pretrained model, an evaluation of the untouched model. policy() gives the model."""
+    config = base_config(cfg)
+    if finished_summary(path, config) is not None:
+        return
+    train, evals, sft = problems
+    with RunDir(path, config) as run_dir:
+        metrics, step = {}, 0
+        if from_scratch(cfg):
+            torch.manual_seed(cfg.seed)
+            metrics["train/sft_loss"] = train_base(cfg, sft, path, device)
+            step = cfg.sft.steps
+        _, tokenizer, engine, eos_id, pad_id = policy()
+        task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)
+        metrics.update(evaluate_into(run_dir, step, loop, task, engine, torch.Generator().manual_seed(cfg.seed)))
+        if cfg.data.family is not None:
+            metrics.update(guess_metrics(train + sft, evals, loop.eval_ks))
+        run_dir.log(step, metrics)
+        run_dir.finish({"step": step, **metrics})
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train one RL run from the shared base model (or resume it) and return the final evaluation."""
+    settings, loop = validate(cfg)
+    threads = set_torch_threads(cfg.threads)
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    root = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / cfg.model.name
+    method = settings.method.name + settings.variant(name_default_source=False)
+    name = cfg.run.name or f"{method}-{settings.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+    base = root / f"base_seed-{cfg.seed}"
+
+    def prepare():
+        problems = load_problems(cfg)  # missing data or weights: a clear error before any work
+        if not from_scratch(cfg):
+            check_available(cfg.model.name, cfg.model.path)
+        policy = functools.cache(lambda: load_policy(cfg, base, device))
+        ensure_base(cfg, loop, base, problems, policy, device)
+        model, tokenizer, engine, eos_id, pad_id = policy()
+        torch.manual_seed(cfg.seed)
+        task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)
+        return model, task, engine
+
+    return run_rl(cfg, settings, loop, root / name, prepare, threads)
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@hydra.main(version_base=None, config_path="../../configs", config_name="math")
+def main(cfg: DictConfig) -> None:
+    final = run(cfg)
+    print(", ".join(f"{k}={v:.4f}" for k, v in final.items() if "/pass@" in k))
+
+
+if __name__ == "__main__":
+    check_group_choices(CONFIGS, sys.argv[1:])
+    main()
