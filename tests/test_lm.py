@@ -205,23 +205,6 @@ def test_sequential_methods_train_and_account(tmp_path, method):
         assert state["predictor"] is not None  # DPS's per-prompt dynamics are part of the run's state
 
 
-def test_sequential_method_resumes_to_identical_metrics(tmp_path, monkeypatch):
-    cfg = loop_cfg("sara+dps", "none", 0, steps=4)
-    _, reference = run_toy(cfg, tmp_path / "a")
-    original = RunDir.log
-
-    def crash_at_step_3(self, step, metrics):
-        if step == 3:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, step, metrics)
-
-    monkeypatch.setattr(RunDir, "log", crash_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        run_toy(cfg, tmp_path / "b")
-    monkeypatch.setattr(RunDir, "log", original)
-    assert run_toy(cfg, tmp_path / "b")[1] == reference
-
-
 def test_collect_reuses_pilots_inside_the_budget():
     """The LM path: pilots are the first m rollouts of each group, their rewards are the ones that set p_hat and
     they enter the step's rewards; the budget (pilots included) is spent exactly, each rollout scored once."""
@@ -431,8 +414,10 @@ def test_maze_bad_input(tmp_path):
                     validate(cfg)
 
 
-def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch):
-    cfg = loop_cfg("sera", "pilot", 2, steps=4)
+@pytest.mark.parametrize("method, estimator, m", [("sera", "pilot", 2), ("sara+dps", "none", 0)])
+def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch, method, estimator, m):
+    """A batch allocator and a sequential one (its DPS predictor is part of the checkpoint) resume exactly."""
+    cfg = loop_cfg(method, estimator, m, steps=4)
     _, reference = run_toy(cfg, tmp_path / "a")
     original = RunDir.log
 
