@@ -93,7 +93,8 @@ ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 =
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=history method.pilot_m=0 seed=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
-MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=skip
+# threads=1: results depend on the torch thread count (float summation order), as in the imagenet sweeps
+MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=skip threads=1
 MAZE_SEEDS ?= 0
 
 reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|paper
@@ -101,7 +102,7 @@ reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and 
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
-MATH := $(PY) -m experiments.math.train --multirun run.if_finished=skip
+MATH := $(PY) -m experiments.math.train --multirun run.if_finished=skip threads=1
 MATH_SEEDS ?= 0
 MODEL ?= smollm2-360m-instruct
 MATH_PAPER_smollm2-360m-instruct := math/paper

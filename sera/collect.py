@@ -39,6 +39,8 @@ class Collected:
     tau: float | None  # SERA's continuous waterline level
     rollouts_generated: int  # everything drawn (pilots, probes and dropped groups included)
     metrics: dict = field(default_factory=dict)  # the sequential allocators' accounting (alloc/...)
+    # the groups a sequential allocator dropped by its rule: (step indices (A,), successes (A,), failures (A,))
+    abandoned: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def rollouts_trained(self) -> int:
@@ -87,8 +89,9 @@ class _Draws:
 
         return draw
 
-    def collected(self, trained=None, p_hat=None, tau=None, metrics=None) -> Collected:
-        """The step's groups for prompts `trained` (default: every prompt drawn), grouped, each in draw order."""
+    def collected(self, trained=None, p_hat=None, tau=None, metrics=None, result: StepResult | None = None):
+        """The step's groups for prompts `trained` (default: every prompt drawn), grouped, each in draw order; the
+        groups dropped by a sequential allocator from its `result`."""
         size = max(c.size for c in self.counts)
         totals = np.sum([np.pad(c, (0, size - c.size)) for c in self.counts], axis=0)
         trained = np.flatnonzero(totals) if trained is None else np.sort(np.asarray(trained, dtype=np.int64))
@@ -100,7 +103,11 @@ class _Draws:
             order = keep[np.argsort(rows[keep], kind="stable")]
             rewards = rewards[order]
         counts = totals[trained]
-        return Collected(trained, counts, rewards, self.payloads, order, p_hat, tau, int(totals.sum()), metrics or {})
+        abandoned = None if result is None else (result.abandoned_ids, result.abandoned_successes,
+                                                 result.abandoned_failures)  # fmt: skip
+        return Collected(
+            trained, counts, rewards, self.payloads, order, p_hat, tau, int(totals.sum()), metrics or {}, abandoned
+        )
 
 
 def collect_uniform(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
@@ -163,7 +170,7 @@ def collect_ds(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=No
     draws = _Draws(draw)
     q = s.sequential
     result = ds_step(s.n0, batch, q.gen_batch or batch, q.max_rounds, draws.by_ids(stream.size), stream.take)
-    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0))
+    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0), result=result)
 
 
 def dps_stream(stream, predictor, ratio: int):
@@ -210,14 +217,14 @@ def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, comple
 def collect_sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
     """SARA (and SARA+DPS with a predictor): probe, commit or abandon, refill from the stream, in waves."""
     draws, result = _sara(s, batch, draw, stream, predictor, complete=True)
-    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0))
+    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0), result=result)
 
 
 def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
     """SARA+SERA: SARA's probe is SERA's pilot; the committed groups share C * n0 rollouts through the waterline."""
     draws, result = _sara(s, batch, draw, stream, None, complete=False)
     if result.counts.size == 0:
-        return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0))
+        return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0), result=result)
     # SERA: the committed groups' probes give p_hat; the waterline spreads the rest of their budget
     extra = sera_counts_after_probe(result, result.counts.size * s.n0, s.n_max, s.p_lo, s.p_hi, s.delta)
     counts = np.zeros(stream.size(), dtype=np.int64)
@@ -225,7 +232,7 @@ def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, predi
     draws(counts)
     order = np.argsort(result.prompt_ids)
     p_hat = np.clip(result.successes / result.counts, s.p_lo, s.p_hi)[order]
-    return draws.collected(result.prompt_ids, p_hat=p_hat, metrics=accounting(result, s.n0))
+    return draws.collected(result.prompt_ids, p_hat=p_hat, metrics=accounting(result, s.n0), result=result)
 
 
 BATCH_SAMPLERS = {"uniform": collect_uniform, "waterline": collect_waterline, "dars_hw": collect_dars_hw}

@@ -166,16 +166,25 @@ class StepPrompts:
     def __init__(self, task: Task, step: int):
         self.task, self.step = task, step
         self.ids, self.tokens = np.zeros(0, dtype=np.int64), []
+        self.cursor, self._seen = 0, set()  # position in the step's stream of prompts; the ids taken
 
     def size(self) -> int:
         return len(self.tokens)
 
     def take(self, k: int) -> np.ndarray:
-        """Add up to k prompts; returns their step indices."""
+        """Add up to k prompts, never one already in this step (a stream that runs into its next epoch repeats
+        prompts; they are skipped); fewer once the stream is used up. Returns their step indices."""
         start = len(self.tokens)
-        ids, tokens = self.task.train_prompts(self.step, k, start) if k > 0 else ([], [])
-        self.ids = np.concatenate([self.ids, np.asarray(ids, dtype=np.int64)])
-        self.tokens += list(tokens)
+        while len(self.tokens) - start < k:
+            ids, tokens = self.task.train_prompts(self.step, k - (len(self.tokens) - start), self.cursor)
+            if len(ids) == 0:
+                break
+            self.cursor += len(ids)
+            for i, prompt in zip(np.asarray(ids, dtype=np.int64), tokens, strict=True):
+                if int(i) not in self._seen:
+                    self._seen.add(int(i))
+                    self.ids = np.append(self.ids, i)
+                    self.tokens.append(prompt)
         return np.arange(start, len(self.tokens))
 
 

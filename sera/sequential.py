@@ -59,6 +59,21 @@ def effective_probability(a0, b0, successes, failures, n):
     return np.where((s > 0) & (f > 0), 1.0, saturated)
 
 
+def mixed_probability(p, successes, failures, n):
+    """Probability that a group of n rollouts ends mixed (0 < K < n) when the pass rate p is known exactly, given the
+    j = s + f rollouts drawn so far (which stay in the group): 1 if already mixed, else
+    1 - [f = 0] p^(n - j) - [s = 0] (1 - p)^(n - j). The limit of `effective_probability` as the prior's mass grows at
+    mean p; on the classifier, where p is exact, it scores an abandoned group (the abandonment error). Broadcasts.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    s, f, n = (np.asarray(x, dtype=np.float64) for x in (successes, failures, n))
+    if np.any((p < 0) | (p > 1)) or np.any(s < 0) or np.any(f < 0) or np.any(s + f > n):
+        raise ValueError("need 0 <= p <= 1, non-negative outcomes and successes + failures <= n")
+    m = n - s - f
+    saturated = 1.0 - np.where(f == 0, p**m, 0.0) - np.where(s == 0, (1 - p) ** m, 0.0)
+    return np.where((s > 0) & (f > 0), 1.0, np.clip(saturated, 0.0, 1.0))
+
+
 class SaraAction(enum.IntEnum):
     """SARA's verdict on a group after a chunk of rollouts."""
 

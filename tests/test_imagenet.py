@@ -141,7 +141,8 @@ def test_every_config_composes_and_validates(method, scale):
         (["method=sera", "alloc.delta=0"], ValueError, "keep_cv_on_zero"),
         (["method=sera", "method.pilot_m=4", "alloc.n_min=2"], ValueError, "below method.pilot_m"),
         (["method=common"], ValueError, "not a method"),
-        (["method=sara"], ValueError, "does not support"),
+        (["method=sara", "method.sequential.k0=99"], ValueError, "k0 <= n0"),
+        (["method=dps", "method.estimator=pilot"], ValueError, "without p_hat"),
         (["method=direct_ce", "train.steps=0"], ValueError, "train.steps"),
         (["run.checkpoint_every=0"], ValueError, "checkpoint_every"),
         (["eval.every=0"], ValueError, "eval.every"),
@@ -206,6 +207,67 @@ def test_smoke_every_method_through_the_real_entry_point(tmp_path):
 
 
 @pytest.mark.slow
+def test_sequential_methods_through_the_real_entry_point(tmp_path):
+    """DS, DPS, SARA, SARA+DPS and SARA+SERA on the classifier: images drawn as the step goes, every rollout generated
+    counted, only committed groups trained (n0 each, but SARA+SERA's waterline), the abandonment error logged with
+    exact p and below SARA's threshold on average, and an all-saturated start (the untrained classifier: p ~ 1/1000,
+    nearly every group all-fail) runs to the end at the wave and round caps without a crash."""
+    run_cli(tmp_path, "--multirun", "scale=imagenet/smoke", "n0=8", "method=ds,dps,sara,sara+dps,sara+sera")
+    root = tmp_path / "imagenet-smoke"
+    for name in ["ds", "dps", "sara", "sara+dps", "sara+sera"]:
+        run = root / f"{name}_n0-8_seed-0"
+        assert (run / "DONE").exists(), name
+        records = read_jsonl(run / "metrics.jsonl")
+        rl = [r for r in records if "alloc/generated" in r]
+        assert len(rl) == 6, name  # 2 CE warm-start steps, then RL
+        for r in rl:
+            assert r["alloc/generated"] >= r.get("alloc/rollouts", 0)
+            if name != "dps":
+                assert r["alloc/prompts_drawn"] >= r["alloc/groups_committed"] + r["alloc/groups_abandoned"]
+            if "alloc/rollouts" in r and name != "sara+sera":
+                assert r["alloc/n_min"] == r["alloc/n_max"] == 8
+            if name in ("sara", "sara+dps", "sara+sera") and "alloc/abandon_error_mean" in r:
+                assert 0 <= r["alloc/abandon_error_mean"] <= r["alloc/abandon_error_max"] <= 0.45
+            if name == "ds" and "alloc/abandon_error_max" in r:
+                assert r["alloc/abandon_error_max"] == 0  # DS drops complete groups: nothing left to be mixed
+        if name in ("ds", "sara", "sara+dps"):
+            # p ~ 1e-3: the caps (or, for SARA+DPS's 8x pools, one epoch of images a step) end the steps short
+            assert any(r["alloc/shortfall"] > 0 for r in rl)
+            assert name == "sara+dps" or any(r["alloc/hit_wave_cap"] for r in rl)
+        if name == "dps":
+            assert all(r["alloc/prompts_drawn"] == 8 * 16 and r["alloc/generated"] == 16 * 8 for r in rl)
+
+
+def test_image_prompts_take_each_image_once_and_forward_lazily():
+    """The classifier's prompt stream: images from the training stream, never twice in a step (the step runs into the
+    next epoch), at most one epoch a step, and the softmax computed only for images with rollouts."""
+    from experiments.imagenet.data import BatchStream
+
+    x = torch.randn(10, 3)
+    stream = BatchStream(10, 4, 0, lambda batches: ((x[i], torch.arange(10)[i] % 2) for i in batches))
+    calls = []
+    model = torch.nn.Linear(3, 2)
+
+    def forward(inputs):
+        calls.append(len(inputs))
+        return model(inputs)
+
+    prompts = policy.ImagePrompts(stream, forward, "cpu")
+    assert prompts.take(3).tolist() == [0, 1, 2] and prompts.size() == 3
+    prompts.take(20)  # asks for more than the data has: stops after one epoch's worth pulled, no repeat
+    assert len(set(prompts.ids.tolist())) == prompts.size() <= 10
+    assert calls == []  # nothing forwarded yet
+    probs = prompts.probs_for(np.array([4, 1]))
+    assert calls == [2]
+    with torch.no_grad():
+        expected = torch.softmax(model(torch.stack([x[prompts.ids[4]], x[prompts.ids[1]]])), -1)
+    torch.testing.assert_close(probs, expected)
+    prompts.probs_for(np.array([1, 4]))
+    assert calls == [2]  # each image forwarded once
+    np.testing.assert_allclose(prompts.p_true([1]), expected[1, prompts.y[1]].item(), rtol=1e-6)
+
+
+@pytest.mark.slow
 def test_finished_run_is_never_overwritten(tmp_path):
     run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl")
     again = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", check=False)
@@ -229,7 +291,7 @@ def test_bad_cli_input_fails_before_creating_a_run(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["sera", "direct_ce"])
+@pytest.mark.parametrize("method", ["sera", "direct_ce", "sara+dps"])
 def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, method):
     base = [
         "scale=imagenet/smoke",

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sera.collect import collect
-from sera.lm_loop import LoopSettings, evaluate, score, train
+from sera.lm_loop import LoopSettings, StepPrompts, evaluate, score, train
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, concat_rollouts, response_logprobs
 from sera.runlog import NonFiniteError, RunDir, read_jsonl
@@ -203,6 +203,22 @@ def test_sequential_methods_train_and_account(tmp_path, method):
     if method in ("dps", "sara+dps"):
         state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
         assert state["predictor"] is not None  # DPS's per-prompt dynamics are part of the run's state
+
+
+def test_step_prompts_never_repeat_a_prompt_within_a_step():
+    """A task whose stream runs into its next epoch mid-step (here: ids 0..5 then 0..5 again) repeats prompts; the
+    step's stream skips them, keeps asking past them, and stops when the task has nothing more."""
+
+    class Epochs(ToyTask):
+        def train_prompts(self, step, batch, start=0):
+            ids = np.arange(start, min(start + batch, 12)) % 6
+            return ids, [[1, int(i)] for i in ids]
+
+    stream = StepPrompts(Epochs(), 0)
+    assert stream.take(4).tolist() == [0, 1, 2, 3]
+    assert stream.take(4).tolist() == [4, 5]  # 0..3 again are skipped; the task runs out at position 12
+    assert stream.ids.tolist() == [0, 1, 2, 3, 4, 5] and stream.tokens[5] == [1, 5]
+    assert stream.take(3).size == 0
 
 
 def test_collect_reuses_pilots_inside_the_budget():

@@ -17,6 +17,7 @@ from sera.sequential import (
     dps_select,
     ds_step,
     effective_probability,
+    mixed_probability,
     sara_decision,
     sara_step,
     sera_counts_after_probe,
@@ -102,6 +103,23 @@ def test_effective_probability_flat_prior_identity():
         np.testing.assert_allclose(effective_probability(1, 1, j, 0, n), (n - j) / (n + 1), atol=1e-12)
         np.testing.assert_allclose(effective_probability(1, 1, 0, j, n), (n - j) / (n + 1), atol=1e-12)
         assert effective_probability(1, 1, 0, 0, n) == pytest.approx((n - 1) / (n + 1))
+
+
+MIXED_CASES = [(0.3, 0, 0, 8), (0.02, 0, 4, 8), (0.9, 3, 0, 16), (0.5, 1, 2, 8), (0.7, 0, 6, 6)]
+
+
+@pytest.mark.parametrize("p, s, f, n", MIXED_CASES)
+def test_mixed_probability_with_known_p(p, s, f, n):
+    """The abandonment error's P(mixed | p, rollouts so far): against Monte Carlo of the remaining rollouts, and as the
+    limit of effective_probability under a Beta prior concentrated at p (mass 1e8)."""
+    rng = np.random.default_rng(2)
+    k = s + rng.binomial(n - s - f, p, 400_000)
+    mixed = np.mean((k > 0) & (k < n))
+    e = float(mixed_probability(p, s, f, n))
+    assert mixed == pytest.approx(e, abs=5 * np.sqrt(e * (1 - e) / 400_000) + 1e-4)
+    assert e == pytest.approx(float(effective_probability(p * 1e8, (1 - p) * 1e8, s, f, n)), abs=1e-6)
+    with pytest.raises(ValueError):
+        mixed_probability(1.5, 0, 0, 8)
 
 
 def test_effective_probability_broadcasts_and_validates():

@@ -1,9 +1,12 @@
 """Classification as a policy, the RL step: labels sampled from the softmax are the rollouts (DESIGN.md section 5).
 
 `draw_rollouts` runs the shared collection step (sera.collect) with the compiled label sampler; `rollout_loss` turns a
-batch's log-softmax into the step's policy-gradient loss (advantages, SERA's multiplicity weights); `step_metrics` and
-`gradient_alignment` measure the allocation and the gradient against the exact p and the CE gradient, which this
-study alone has. The training loop is experiments/imagenet/train.py.
+batch's log-softmax into the step's policy-gradient loss (advantages, SERA's multiplicity weights). The sequential
+allocators (DS, DPS, SARA) draw images as the step goes: `ImagePrompts` is their prompt stream and
+`sequential_rollouts` their collection step, after which `policy_loss` gives the loss on the images trained on.
+`step_metrics` and `gradient_alignment` measure the allocation and the gradient against the exact p and the CE
+gradient, which this study alone has; `abandonment_error` scores the groups a sequential allocator dropped. The
+training loop is experiments/imagenet/train.py.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
 from sera.allocation import scale_factor
 from sera.collect import collect
 from sera.losses import pg_loss
-from sera.methods import ESTIMATORS, MethodSettings, Study
+from sera.methods import ESTIMATORS, SEQUENTIAL, MethodSettings, Study
+from sera.sequential import mixed_probability
 
-STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True, sequential=False)
+STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True, sequential=True)
 ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
 
 
@@ -50,15 +54,24 @@ def draw_rollouts(settings: MethodSettings, probs, p_exact, idx, y, history, gen
 
 
 def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, generator):
-    """One RL step's loss: p_hat, allocation, rollouts, rewards, advantages, weights (DESIGN sections 1-3).
+    """One RL step's loss with a batch allocator: p_hat, allocation, rollouts, rewards, advantages, weights (DESIGN
+    sections 1-3).
 
     logp (B, C) log-softmax with grad; logp_true (B,) log p. Returns (loss, the step's rollout data for logging).
     """
-    batch, classes = logp.shape
-    y_np = y.cpu().numpy()
     p_exact = logp_true.detach().exp().double().cpu().numpy()
-    rows, labels, out = draw_rollouts(settings, logp.detach().exp(), p_exact, idx, y_np, history, generator)
-    counts, rewards = out.counts, out.rewards  # (B,), (N,)
+    rows, labels, out = draw_rollouts(settings, logp.detach().exp(), p_exact, idx, y.cpu().numpy(), history, generator)
+    return policy_loss(settings, logp, rows, labels, out, p_exact, idx.numpy(), history)
+
+
+def policy_loss(settings: MethodSettings, logp, rows, labels, out, p_exact, idx, history):
+    """The policy-gradient loss of the collected rollouts: advantages, SERA's multiplicity weights, aggregation.
+
+    logp (C, classes) log-softmax with grad of the images trained on, in the order of out.prompts; rows (N,) and
+    labels (N,) the grouped rollouts; p_exact (C,) and idx (C,) numpy. Records the outcomes in the history.
+    """
+    classes = logp.shape[1]
+    counts, rewards = out.counts, out.rewards  # (C,), (N,)
     adv = ADVANTAGES[settings.method.advantage](rewards, counts, **settings.adv_kwargs)
     # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so every prompt keeps its uniform weight
     weights = multiplicity_weights(counts, settings.n0) if settings.multiplicity_correction else np.ones(rewards.size)
@@ -72,11 +85,101 @@ def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, gen
         torch.as_tensor(weights, device=device),
         settings.aggregation,
     )
-    update_history(history, idx.numpy(), out.successes, counts)
+    update_history(history, idx, out.successes, counts)
     return loss, SimpleNamespace(
         rewards=rewards, counts=counts, p_exact=p_exact, p_hat=out.p_hat, tau=out.tau, weights=weights,
-        generated=out.rollouts_generated,
+        generated=out.rollouts_generated, collected=out,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sequential allocators: images drawn as the step goes, each new one forwarded once without grad.
+# ---------------------------------------------------------------------------------------------------------------
+class ImagePrompts:
+    """A step's images for the sequential allocators (sera.collect's prompt stream: take, size, ids).
+
+    take(k) pulls k more images from the training stream (BatchStream, a batch at a time); an image's softmax is
+    computed, without grad, the first time rollouts are drawn for it, so DPS's unselected candidates cost no forward.
+    Images pulled from the stream but not taken are dropped at the end of the step, so the stream's position stays
+    the checkpointed state. An image is in a step at most once. With batch norm in train mode the probe forwards
+    would see other batches than the gradient's forward; the CPU default's MLP has none.
+    """
+
+    def __init__(self, stream, model, device):
+        self.stream, self.model, self.device = stream, model, device
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.x, self.y = [], np.zeros(0, dtype=np.int64)
+        self.probs: list[torch.Tensor | None] = []
+        self._pending = None  # the rest of the last batch pulled: (idx, x, y)
+        self._pulled = 0  # images pulled from the stream this step
+
+    def size(self) -> int:
+        return self.ids.size
+
+    def take(self, k: int) -> np.ndarray:
+        """Add up to k more images, never one already in this step (a step that runs into the next epoch skips the
+        images it has); fewer once a whole epoch's worth has been pulled this step. Returns their step indices."""
+        start = self.size()
+        while k > 0 and self._pulled < self.stream.num:
+            if self._pending is None or len(self._pending[0]) == 0:
+                self._pending = self.stream.next_batch()
+                self._pulled += len(self._pending[0])
+            idx, x, y = self._pending
+            n = min(k, len(idx))
+            fresh = np.flatnonzero(~np.isin(idx[:n].numpy(), self.ids))
+            self.ids = np.concatenate([self.ids, idx[:n].numpy()[fresh]])
+            self.x += [x[i] for i in fresh]
+            self.y = np.concatenate([self.y, y[:n].numpy()[fresh]])
+            self.probs += [None] * fresh.size
+            self._pending = (idx[n:], x[n:], y[n:])
+            k -= fresh.size
+        return np.arange(start, self.size())
+
+    def images(self, rows) -> torch.Tensor:
+        return torch.stack([self.x[i] for i in rows]).to(self.device)
+
+    @torch.no_grad()
+    def probs_for(self, rows: np.ndarray) -> torch.Tensor:
+        """(len(rows), classes) softmax of these images, forwarding (once, in one batch) those not yet seen."""
+        if len(rows) == 0:
+            return torch.zeros(0, 0)
+        missing = [int(i) for i in rows if self.probs[i] is None]
+        if missing:
+            p = F.softmax(self.model(self.images(missing)).float(), dim=-1).cpu()
+            for i, row in zip(missing, p, strict=True):
+                self.probs[i] = row
+        return torch.stack([self.probs[i] for i in rows])
+
+    def p_true(self, rows) -> np.ndarray:
+        """(len(rows),) float64 exact p = softmax[y*] of these images."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return self.probs_for(rows).double().numpy()[np.arange(rows.size), self.y[rows]]
+
+
+def sequential_rollouts(settings: MethodSettings, prompts: ImagePrompts, batch: int, generator, predictor=None):
+    """The step's rollouts by a sequential allocator: images taken from `prompts` as the allocator asks, labels drawn
+    from their softmax. Returns (labels (N,) grouped like out.rewards, Collected); out.prompts index `prompts`."""
+
+    def draw(counts):  # only the images with rollouts in this call are sampled (and forwarded, if new)
+        use = np.flatnonzero(counts)
+        local, labels = RowSampler(prompts.probs_for(use)).sample(counts[use], generator)
+        return labels, (labels == prompts.y[use[local]]).astype(np.float64)
+
+    out = collect(settings, batch, draw, stream=prompts, predictor=predictor)
+    labels = np.concatenate(out.payloads) if out.payloads else np.zeros(0, dtype=np.int64)
+    return (labels if out.order is None else labels[out.order]), out
+
+
+def abandonment_error(out, p_true, n: int) -> dict:
+    """How likely a dropped group was to end mixed had it been completed to n rollouts, with p exact: for each group
+    the allocator abandoned (SARA's rule; DS's all-equal filter, always 0 as its groups are complete),
+    P(mixed | its rollouts so far) (sera.sequential.mixed_probability), averaged. p_true(step indices) gives their
+    exact p (ImagePrompts.p_true). Empty when nothing was abandoned."""
+    if out.abandoned is None or out.abandoned[0].size == 0:
+        return {}
+    ids, s, f = out.abandoned
+    err = mixed_probability(p_true(ids), s, f, n)
+    return {"alloc/abandon_error_mean": float(err.mean()), "alloc/abandon_error_max": float(err.max())}
 
 
 def update_history(history, idx, successes, counts) -> None:
@@ -101,15 +204,18 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a, b, dim=0))
 
 
-def step_metrics(settings: MethodSettings, out, loss) -> dict:
-    """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r)."""
+def step_metrics(settings: MethodSettings, out, loss, batch: int) -> dict:
+    """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r).
+
+    batch: B, the step's nominal prompts (a sequential allocator may train on fewer images and draw more)."""
     rewards, counts, p_exact, p_hat, tau = out.rewards, out.counts, out.p_exact, out.p_hat, out.tau
     c = scale_factor(p_exact, counts, settings.delta)
     m = {
         "train/reward": float(rewards.mean()),
         "train/loss": float(loss),
         "alloc/rollouts": int(counts.sum()),
-        "alloc/budget": int(len(counts) * settings.n0),
+        "alloc/generated": int(out.generated),
+        "alloc/budget": settings.budget(batch),
         "alloc/n_min": int(counts.min()),
         "alloc/n_median": float(np.median(counts)),
         "alloc/n_max": int(counts.max()),
@@ -117,6 +223,9 @@ def step_metrics(settings: MethodSettings, out, loss) -> dict:
         "alloc/c_mean": float(c.mean()),
         "alloc/c_cv": float(c.std() / max(c.mean(), 1e-12)),
     }
+    if settings.method.allocator not in SEQUENTIAL:  # the step's images are a uniform draw of the training set
+        # the expected share of groups of n0 with all-equal rewards: what DS and SARA can save on (DESIGN section 4)
+        m["alloc/saturated_share"] = float(np.mean(p_exact**settings.n0 + (1 - p_exact) ** settings.n0))
     if tau is not None:
         m["alloc/tau"] = tau
     if p_hat is not None:

@@ -37,12 +37,22 @@ from experiments.imagenet.data import (
     in_memory_val_batches,
 )
 from experiments.imagenet.model import build_model
-from experiments.imagenet.policy import STUDY, gradient_alignment, rollout_loss, step_metrics
+from experiments.imagenet.policy import (
+    STUDY,
+    ImagePrompts,
+    abandonment_error,
+    gradient_alignment,
+    policy_loss,
+    rollout_loss,
+    sequential_rollouts,
+    step_metrics,
+)
 from sera.allocation import scale_factor
 from sera.config import check_group_choices, check_optim, check_run_settings
 from sera.estimation import HistoricalEstimator
-from sera.methods import MethodSettings
+from sera.methods import SEQUENTIAL, MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
+from sera.sequential import DynamicsPredictor
 from sera.threads import set_torch_threads
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,6 +174,8 @@ def run(cfg: DictConfig) -> dict:
     rank, world, device = setup_distributed(cfg)
     if cfg.train.batch_size % world:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {world} processes")
+    if world > 1 and settings.method.allocator in SEQUENTIAL:
+        raise ValueError(f"{settings.method.name} runs in one process: its images are drawn as the step goes")
     threads = set_torch_threads(cfg.threads)
     config = OmegaConf.to_container(cfg, resolve=True)
     out_dir = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / run_name(cfg, settings)
@@ -194,6 +206,10 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
     rl = settings.is_rl
     warm = cfg.train.warm_start_steps if rl else 0  # Direct CE is one CE phase; the warm start is its prefix
     history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
+    sequential = rl and settings.method.allocator in SEQUENTIAL  # DS, DPS, SARA: images drawn as the step goes
+    predictor = None
+    if settings.method.allocator in ("dps", "sara+dps"):
+        predictor = DynamicsPredictor(stream.num, settings.sequential.dps_decay)
     skips = SkipGuard(cfg.run.max_skipped_steps)
     sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
     optimizer = make_optimizer(cfg, params)
@@ -211,6 +227,8 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         optimizer.load_state_dict(state["optimizer"])
         stream.load_state_dict(state["stream"])
         history.load_state_dict(state["history"])
+        if predictor is not None:
+            predictor.load_state_dict(state["predictor"])
         gen_state, torch_state = state["rng"][rank]
         sample_gen.set_state(gen_state)
         torch.set_rng_state(torch_state)
@@ -235,29 +253,47 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         phase = (0, warm) if step < warm else (warm, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step, *phase)
-        idx, x, y = stream.next_batch()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(x)
-        logp = F.log_softmax(logits.float(), dim=-1)  # (B, C)
-        logp_true = logp.gather(1, y[:, None])[:, 0]  # (B,) log p
-        ce_loss = -logp_true.mean()  # exact likelihood objective: Direct CE
-        metrics = {"train/ce": ce_loss.item(), "train/p_mean": logp_true.detach().exp().mean().item()}
-
-        if step < warm or not rl:
-            loss = ce_loss
+        metrics, rl_step = {}, rl and step >= warm
+        if sequential and rl_step:  # the allocator takes images as it goes; the loss is on the groups it trains
+            prompts = ImagePrompts(stream, model, device)
+            labels, collected = sequential_rollouts(settings, prompts, cfg.train.batch_size, sample_gen, predictor)
+            chosen = collected.prompts
+            metrics |= {"alloc/generated": collected.rollouts_generated, **collected.metrics}
+            metrics |= abandonment_error(collected, prompts.p_true, settings.n0)
+            idx, y = torch.from_numpy(prompts.ids[chosen]), torch.from_numpy(prompts.y[chosen])
+            x = prompts.images(chosen) if chosen.size else None
         else:
-            loss, out = rollout_loss(settings, logp, logp_true, idx, y, history, sample_gen)
-            metrics.update(step_metrics(settings, out, loss.item()))
-            if (step - warm) % cfg.eval.grad_cos_every == 0:
-                metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, params))
+            idx, x, y = stream.next_batch()
+        loss = None
+        if x is not None:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            logits = model(x)
+            logp = F.log_softmax(logits.float(), dim=-1)  # (B, C)
+            logp_true = logp.gather(1, y[:, None])[:, 0]  # (B,) log p
+            ce_loss = -logp_true.mean()  # exact likelihood objective: Direct CE
+            metrics |= {"train/ce": ce_loss.item(), "train/p_mean": logp_true.detach().exp().mean().item()}
+            if not rl_step:
+                loss = ce_loss
+            else:
+                if sequential:
+                    p_exact = logp_true.detach().exp().double().cpu().numpy()
+                    rows = collected.rows
+                    loss, out = policy_loss(settings, logp, rows, labels, collected, p_exact, idx.numpy(), history)
+                else:
+                    loss, out = rollout_loss(settings, logp, logp_true, idx, y, history, sample_gen)
+                metrics.update(step_metrics(settings, out, loss.item(), stream.batch_size))
+                if (step - warm) % cfg.eval.grad_cos_every == 0:
+                    metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, params))
+        else:  # nothing to train on (DS or SARA at their caps on an all-saturated stream): say so and move on
+            metrics["train/skipped_empty"] = 1
 
         optimizer.zero_grad(set_to_none=True)
-        if torch.isfinite(loss):
+        if loss is not None and torch.isfinite(loss):
             loss.backward()
             optimizer.step()
-        else:
+        elif loss is not None:
             metrics["train/skipped_nonfinite"] = 1
-        skips.record(not torch.isfinite(loss), step)
+        skips.record(loss is not None and not torch.isfinite(loss), step)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         metrics["time/threads"] = threads
@@ -269,7 +305,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
             metrics.update(final)
             metrics["train/steps_per_epoch"] = stream.steps_per_epoch  # Table 3 averages over the last epoch
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
-            if rl and step >= warm:  # the allocation picture: this step's p_hat, exact p and n_i per image
+            if rl_step and loss is not None:  # the allocation picture: this step's p_hat, exact p and n_i per image
                 np.savez(
                     run_dir.path / alloc_snapshot_file(step + 1),
                     p_exact=out.p_exact,
@@ -288,6 +324,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
                         "optimizer": optimizer.state_dict(),
                         "stream": stream.state_dict(),
                         "history": history.state_dict(),
+                        "predictor": predictor.state_dict() if predictor is not None else None,
                         "rng": rng,
                     }
                 )

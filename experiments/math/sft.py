@@ -6,19 +6,16 @@ loss on the solution only; they are drawn from the training split after the RL p
 training question or a held-out one. The base model is trained once per (model, SFT settings, data, seed) and
 shared by every RL run; its directory is also the "Base" run of the tables (train.py).
 
-`sft_train` is generic (any causal LM on pre-tokenized (input_ids, labels) examples); the maze has the same few lines
-(experiments/maze/sft.py) - a candidate for sera/.
+The training itself is sera.sft.sft_train, shared with the maze.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import numpy as np
 
 from experiments.math.model import EOS_ID, build_from_scratch, build_tokenizer
 from experiments.math.prompts import render
+from sera.sft import sft_train
 
 
 def sft_examples(problems: list[dict], template: str, tokenizer) -> dict:
@@ -30,42 +27,6 @@ def sft_examples(problems: list[dict], template: str, tokenizer) -> dict:
         input_ids.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     return {"input_ids": input_ids, "labels": labels}
-
-
-def sft_train(model, tokenizer, examples: dict, out_dir: Path, sft, seed: int, device: str, progress: bool) -> float:
-    """Supervised fine-tuning of `model` on pre-tokenized examples, one shuffled pass (sft.steps x sft.batch_size);
-    saves the model and tokenizer into out_dir. Returns the final training loss (mean of the last logged values)."""
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
-    args = SFTConfig(
-        output_dir=str(out_dir / "trainer"),
-        max_steps=sft.steps,
-        per_device_train_batch_size=sft.batch_size,
-        learning_rate=sft.lr,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=sft.warmup_steps,
-        weight_decay=0.0,
-        logging_steps=max(1, sft.steps // 10),
-        save_strategy="no",
-        report_to=[],
-        seed=seed,
-        use_cpu=device == "cpu",
-        dataloader_num_workers=0,
-        max_length=None,
-        disable_tqdm=not progress,
-        # TRL's defaults are bf16 autocast and gradient checkpointing: on a CPU without bf16 matrix units that made
-        # the tiny model's step 2.2 s instead of about 0.2 s; float32 and no checkpointing (it is small) instead.
-        bf16=device != "cpu",
-        activation_checkpointing=False,
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(examples), processing_class=tokenizer)
-    result = trainer.train()
-    shutil.rmtree(out_dir / "trainer", ignore_errors=True)  # TRL's scratch folder; the checkpoint is saved below
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h][-3:]
-    return float(np.mean(losses)) if losses else float(result.training_loss)
 
 
 def train_base(cfg, problems: list[dict], out_dir: Path, device: str) -> float:

@@ -8,14 +8,13 @@ directory is also a run directory (config.yaml, metrics.jsonl with the base mode
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from experiments.maze.model import build_model, build_tokenizer
 from experiments.maze.task import cells_for_grid, encode_answer, encode_prompt, generate_maze, solve
+from sera.sft import sft_train
 
 SFT_SEED_OFFSET = 5_000_000  # SFT mazes: seeds disjoint from held-out (10_000+) and RL (1_000_000+) mazes
 
@@ -37,38 +36,10 @@ def base_config(cfg) -> dict:
 
 
 def train_base(cfg, out_dir: Path, device: str) -> float:
-    """Supervised fine-tuning from scratch; saves an HF checkpoint (model + tokenizer) into out_dir.
+    """Supervised fine-tuning from scratch (sera.sft); saves an HF checkpoint (model + tokenizer) into out_dir.
 
     Returns the final training loss (mean of the last logged values).
     """
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
     model = build_model(cfg.model.name, cfg.model.path)
-    data = Dataset.from_dict(
-        sft_examples(cfg.sft.steps * cfg.sft.batch_size, cells_for_grid(cfg.task.grid_size), cfg.seed)
-    )
-    args = SFTConfig(
-        output_dir=str(out_dir / "trainer"),
-        max_steps=cfg.sft.steps,
-        per_device_train_batch_size=cfg.sft.batch_size,
-        learning_rate=cfg.sft.lr,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=cfg.sft.warmup_steps,
-        weight_decay=0.0,
-        logging_steps=max(1, cfg.sft.steps // 10),
-        save_strategy="no",
-        report_to=[],
-        seed=cfg.seed,
-        use_cpu=device == "cpu",
-        dataloader_num_workers=0,
-        max_length=None,
-        disable_tqdm=not cfg.progress,
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=build_tokenizer())
-    result = trainer.train()
-    shutil.rmtree(out_dir / "trainer", ignore_errors=True)  # TRL's scratch folder; the checkpoint is saved below
-    model.save_pretrained(out_dir)
-    build_tokenizer().save_pretrained(out_dir)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h][-3:]
-    return float(np.mean(losses)) if losses else float(result.training_loss)
+    examples = sft_examples(cfg.sft.steps * cfg.sft.batch_size, cells_for_grid(cfg.task.grid_size), cfg.seed)
+    return sft_train(model, build_tokenizer(), examples, out_dir, cfg.sft, cfg.seed, device, cfg.progress)
