@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-faults lint format bench install-vllm test-vllm bench-vllm reproduce-imagenet ablate-pilot reproduce-maze reproduce-math tables figures clean
+.PHONY: help install test test-faults lint format bench install-vllm test-vllm bench-vllm reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -124,6 +124,14 @@ else
 	$(MATH) scale=$(MATH_SCALE) method=sera seed=$(MATH_SEEDS)
 endif
 	$(PY) -m paper_figures.math --scale $(SCALE)
+
+SARA_METHODS := grpo,ds,dps,sara,sara+dps,sara+sera
+SARA_SEEDS ?= 0
+
+reproduce-sara: install ## sequential allocation: uniform GRPO, DS, DPS, SARA, SARA+DPS, SARA+SERA on the classifier and the maze (CPU)
+	$(IMAGENET) scale=imagenet/cpu_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS)
+	$(MAZE) scale=maze/cpu_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS)
+	$(PY) -m paper_figures.sara --scale cpu_sara
 
 tables: install ## rebuild the paper tables (runs/ -> paper_figures/out/, tables copied to results/SCALE/), SCALE=cpu|paper
 ifeq ($(SCALE),cpu)

@@ -267,6 +267,7 @@ def rl_step(
         "alloc/n_min": int(counts.min()),
         "alloc/n_max": int(counts.max()),
         "alloc/effective_groups": int(np.count_nonzero((successes > 0) & (successes < counts))),
+        "alloc/effective_rollouts": int(counts[(successes > 0) & (successes < counts)].sum()),  # in mixed groups
         "train/live_rollouts": live_total,
         "train/response_tokens": float(rollouts.mask.sum(1).float().mean()) if world == 1 else tokens / len(rewards),
     }

@@ -210,11 +210,15 @@ def step_metrics(settings: MethodSettings, out, loss, batch: int) -> dict:
     batch: B, the step's nominal prompts (a sequential allocator may train on fewer images and draw more)."""
     rewards, counts, p_exact, p_hat, tau = out.rewards, out.counts, out.p_exact, out.p_hat, out.tau
     c = scale_factor(p_exact, counts, settings.delta)
+    successes = np.bincount(np.repeat(np.arange(counts.size), counts), weights=rewards, minlength=counts.size)
+    mixed = (successes > 0) & (successes < counts)
     m = {
         "train/reward": float(rewards.mean()),
         "train/loss": float(loss),
         "alloc/rollouts": int(counts.sum()),
         "alloc/generated": int(out.generated),
+        "alloc/effective_groups": int(np.count_nonzero(mixed)),
+        "alloc/effective_rollouts": int(counts[mixed].sum()),  # rollouts in groups with mixed rewards
         "alloc/budget": settings.budget(batch),
         "alloc/n_min": int(counts.min()),
         "alloc/n_median": float(np.median(counts)),
