@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
 from paper_figures.render import bold_better, passk_figure, read_reference, write_table
 from paper_figures.runs import (
     PerQuestion,
@@ -170,7 +172,7 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
         rows += guess_rows(base, shown, dataset, ks)
         index = {}
         for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation")):
-            budget = g[0].get("train.batch_size", 0) * g[0].get("n0", 0) if g[0].get("n0") else ""
+            budget = budget_cell(g)
             pq = curves[label] = per_question(g, dataset, ks)
             rows.append([shown, label, "reproduced", seeds(pq), g[0].get("train.steps"), budget, *pct(pq, ks)])
             index[(g[0].get("method.name"), g[0].get("method.aggregation"))] = len(rows) - 1
@@ -192,6 +194,18 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
     text = f"# {name.capitalize()} ({model}), scale={scale}\n\n{table_note(name, scale)}{md}"
     print(text)
     return text
+
+
+def budget_cell(group: list[Run]):
+    """The nominal budget B x n0 a step; where the rollouts actually generated differ (DARS-HW adds rollouts, the
+    sequential allocators draw extra), also their mean per step over the group's runs and the ratio."""
+    if not group[0].get("n0"):
+        return ""
+    nominal = group[0].get("train.batch_size", 0) * group[0].get("n0", 0)
+    used = [float(np.mean(v)) for v in (r.series("alloc/generated")[1] for r in group) if v.size]
+    if not used or abs(np.mean(used) / nominal - 1) < 0.005:
+        return nominal
+    return f"{nominal} (used {np.mean(used):.0f}, {np.mean(used) / nominal:.2f}x)"
 
 
 def seeds(pq: PerQuestion | None) -> int:

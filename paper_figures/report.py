@@ -15,7 +15,7 @@ import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
 
-from paper_figures import imagenet, maze
+from paper_figures import imagenet, maze, sara
 from paper_figures import math as math_tables
 from paper_figures.runs import load_runs
 
@@ -52,15 +52,17 @@ def build(runs_root: Path, scale: str, out_root: Path = OUT, math_scale: str = "
         (f"imagenet-{scale}", lambda: imagenet.table2(runs_root, scale, out_root)),
         (f"imagenet-{scale}", lambda: imagenet.table3(runs_root, scale, out_root)),
         (f"maze-{scale}", lambda: maze.table4(runs_root, scale, out_root)),
-        *[
-            (f"math-{math_scale}", lambda n=n: math_tables.passk_table(n, runs_root, math_scale, out_root))
-            for n in math_tables.PASSK_TABLES
-        ],
-        *[
-            (f"math-{math_scale}", lambda n=n: math_tables.delta_table(n, runs_root, math_scale, out_root))
-            for n in math_tables.DELTA_TABLES
-        ],
     ]
+    for ms in ([scale] if scale in math_tables.CPU_TABLES and scale != math_scale else []) + [math_scale]:
+        own = math_tables.CPU_TABLES.get(ms)  # a scale with its own math tables builds only those
+        for n in math_tables.PASSK_TABLES:
+            if own is None or n in own:
+                jobs.append((f"math-{ms}", lambda n=n, ms=ms: math_tables.passk_table(n, runs_root, ms, out_root)))
+        for n in math_tables.DELTA_TABLES:
+            if own is None or n in own:
+                jobs.append((f"math-{ms}", lambda n=n, ms=ms: math_tables.delta_table(n, runs_root, ms, out_root)))
+    if (runs_root / f"imagenet-{scale}_sara").exists() or (runs_root / f"maze-{scale}_sara").exists():
+        jobs.append((f"imagenet-{scale}_sara", lambda: sara.build(runs_root, f"{scale}_sara", out_root)))
     for folder, job in jobs:
         with redirect_stdout(io.StringIO()):
             text = job()

@@ -318,6 +318,7 @@ def test_splits_are_seeded_and_disjoint(family, num_train, num_heldout):
     assert [p["question"] for p in other_train] != [p["question"] for p in train]
     _, fewer = make_splits(family, num_train, num_heldout // 2, seed=0)
     assert fewer == heldout[: num_heldout // 2]
+    assert make_splits(family, 0, num_heldout, seed=0) == ([], heldout)  # an evaluation-only split
 
 
 def test_training_set_avoids_the_whole_heldout_pool():

@@ -75,6 +75,18 @@ def test_table1_cells_come_from_the_last_per_question_counts(tmp_path):
     assert (tmp_path / "out" / "math-paper" / "table1_gsm8k-platinum_passk.png").exists()
 
 
+def test_budget_column_shows_the_rollouts_dars_hw_used(tmp_path):
+    """DARS-HW adds rollouts: its budget cell gives the nominal B x n0, the mean generated per step and the ratio;
+    a method that spends exactly the budget shows the nominal number alone."""
+    c = np.arange(40)
+    math_run(tmp_path, "dars", "dars_hw", c, metrics={"alloc/generated": 1000})
+    math_run(tmp_path, "maxrl", "maxrl", c, metrics={"alloc/generated": 512})
+    math_tables.passk_table("table1", tmp_path, "paper", tmp_path / "out")
+    rows = {r["method"]: r for r in rows_of(tmp_path / "out" / "math-paper" / "table1.csv") if r["source"] != "paper"}
+    assert rows["DARS-HW (token-mean)"]["budget"] == "512 (used 1000, 1.95x)"
+    assert rows["MaxRL (token-mean)"]["budget"] == "512"
+
+
 def test_table5_delta_matches_a_direct_bootstrap(tmp_path):
     rng = np.random.default_rng(1)
     c_maxrl = rng.integers(0, 513, 60)

@@ -62,6 +62,8 @@ FAMILIES: dict[str, Callable[..., list[dict]]] = {"chain_sum": chain_sum, "gsm_s
 def _distinct(generate: Callable[[int, int], list[dict]], num: int, seed: int, exclude: set[str]) -> list[dict]:
     # The first `num` problems of the seed's stream whose question is new; the stream is prefix-stable, so drawing a
     # longer one when duplicates fall out changes nothing before the cut.
+    if num == 0:
+        return []
     size = num
     while True:
         out, seen = [], set(exclude)
