@@ -56,3 +56,23 @@ def check_group_choices(config_dir, argv: list[str], groups=("method", "scale"))
         for choice in value.split(","):
             if choice not in valid:
                 raise SystemExit(f"unknown {group}={choice}; choose from: {', '.join(valid)}")
+
+
+VLLM_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
+
+
+def vllm_options(cfg) -> dict:
+    """The `vllm` group as VLLMEngine keyword arguments, checked (the LM studies call it in validate, and again to
+    build the engine): tensor_parallel_size >= 1, a known dtype, 0 < gpu_memory_utilization <= 1."""
+    v = cfg.vllm
+    if not isinstance(v.tensor_parallel_size, int) or v.tensor_parallel_size < 1:
+        raise ValueError(f"vllm.tensor_parallel_size must be a positive integer, got {v.tensor_parallel_size!r}")
+    if v.dtype not in VLLM_DTYPES:
+        raise ValueError(f"unknown vllm.dtype {v.dtype!r}; choose from {VLLM_DTYPES}")
+    if not 0 < v.gpu_memory_utilization <= 1:
+        raise ValueError(f"vllm.gpu_memory_utilization must lie in (0, 1], got {v.gpu_memory_utilization!r}")
+    return {
+        "tensor_parallel_size": v.tensor_parallel_size,
+        "dtype": v.dtype,
+        "gpu_memory_utilization": float(v.gpu_memory_utilization),
+    }

@@ -85,10 +85,12 @@ def check_same_config(path: Path, config: dict) -> None:
 
 
 def _without_unused(config: dict) -> dict:
-    """The config less the settings its method does not read (method.sequential outside DS, DPS and SARA), so a run
-    made before such a setting existed is still the same run."""
+    """The config less the settings its run does not read (method.sequential outside DS, DPS and SARA; the vllm block
+    unless engine=vllm), so a run made before such a setting existed is still the same run."""
     from sera.methods import METHODS, SEQUENTIAL
 
+    if "vllm" in config and config.get("engine") != "vllm":
+        config = {k: v for k, v in config.items() if k != "vllm"}
     method = config.get("method")
     if not isinstance(method, dict) or "sequential" not in method:
         return config

@@ -420,6 +420,9 @@ def test_maze_bad_input(tmp_path):
             (["method=sara", "task.pool_size=64", "method.sequential.k0=99"], "k0 <= n0"),
             (["method=ds", "task.pool_size=64", "+method.sequential.bogus=1"], "bogus"),
             (["task.pool_size=0"], "pool_size"),
+            (["vllm.tensor_parallel_size=0"], "tensor_parallel_size"),
+            (["vllm.dtype=int8"], "vllm.dtype"),
+            (["vllm.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
         ]:
             cfg = compose("maze", overrides=overrides)
             if match is None:
@@ -428,6 +431,22 @@ def test_maze_bad_input(tmp_path):
             else:
                 with pytest.raises((ValueError, FileNotFoundError), match=match):
                     validate(cfg)
+
+
+def test_vllm_settings_reach_the_engine(monkeypatch):
+    """engine=vllm builds VLLMEngine with the config's tensor parallelism, dtype and memory share (the engine itself
+    needs vLLM: tests/vllm)."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.maze import train as maze_train
+
+    seen = {}
+    monkeypatch.setattr(maze_train, "VLLMEngine", lambda *args, **kwargs: seen.update(kwargs))
+    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "configs"))
+    with initialize_config_dir(config_dir=configs, version_base=None):
+        cfg = compose("maze", ["engine=vllm", "vllm.tensor_parallel_size=4", "vllm.dtype=bfloat16"])
+    maze_train.make_engine(cfg, None, "/models/base")
+    assert seen == {"tensor_parallel_size": 4, "dtype": "bfloat16", "gpu_memory_utilization": 0.3}
 
 
 @pytest.mark.parametrize("method, estimator, m", [("sera", "pilot", 2), ("sara+dps", "none", 0)])

@@ -77,3 +77,11 @@ def test_settings_a_method_does_not_read_do_not_change_the_run(tmp_path):
     RunDir(tmp_path / "sara", {"method": {"name": "sara", "sequential": {"k0": 4}}}).finish()
     with pytest.raises(RunExistsError, match="different config"):
         finished_summary(tmp_path / "sara", {"method": {"name": "sara", "sequential": {"k0": 2}}})
+    # the vllm block is read only with engine=vllm
+    RunDir(tmp_path / "hf", {"engine": "hf", "method": {"name": "sera"}}).finish()
+    assert (
+        finished_summary(tmp_path / "hf", {"engine": "hf", "vllm": {"dtype": None}, "method": {"name": "sera"}}) == {}
+    )
+    RunDir(tmp_path / "vllm", {"engine": "vllm", "vllm": {"dtype": None}}).finish()
+    with pytest.raises(RunExistsError, match="different config"):
+        finished_summary(tmp_path / "vllm", {"engine": "vllm", "vllm": {"dtype": "bfloat16"}})

@@ -41,7 +41,7 @@ from experiments.math.model import (
 )
 from experiments.math.prompts import TEMPLATES, render
 from experiments.math.sft import train_base
-from sera.config import check_group_choices, check_optim, check_run_settings
+from sera.config import check_group_choices, check_optim, check_run_settings, vllm_options
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, VLLMEngine
@@ -69,6 +69,7 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     settings = MethodSettings.from_config(cfg, STUDY)
     check_run_settings(cfg)
     check_optim(cfg.optim)
+    vllm_options(cfg)
     loop = LoopSettings.from_config(cfg)
     model, data = cfg.model, cfg.data
     if model.path is None and model.name not in MODELS:
@@ -202,7 +203,7 @@ def load_policy(cfg, base: Path, device: str):
         source = cfg.model.path or PRETRAINED[cfg.model.name].hub
     model = model.to(device)
     if cfg.engine == "vllm":
-        engine = VLLMEngine(str(source), eos_id, pad_id, cfg.temperature, cfg.seed)
+        engine = VLLMEngine(str(source), eos_id, pad_id, cfg.temperature, cfg.seed, **vllm_options(cfg))
     else:
         engine = HFEngine(model, eos_id, pad_id, cfg.temperature)
     return model, tokenizer, engine, eos_id, pad_id
