@@ -35,7 +35,7 @@ from sera.estimation import HistoricalEstimator
 from sera.losses import pg_loss
 from sera.methods import SEQUENTIAL, MethodSettings
 from sera.passk import pass_at_k
-from sera.rollout import Rollouts, concat_rollouts, response_logprobs
+from sera.rollout import Rollouts, concat_rollouts, end_token_ids, response_logprobs
 from sera.runlog import RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
 from sera.sequential import DynamicsPredictor
 
@@ -49,7 +49,7 @@ class Task(Protocol):
     `eval/<name>/<key>`.
     """
 
-    eos_id: int
+    eos_id: int | list[int]  # the token (or tokens) that end a response
     pad_id: int
     num_prompts: int | None  # size of a finite training set (ids in [0, num_prompts)); None: fresh prompts each step
 
@@ -192,7 +192,7 @@ def score(task: Task, ids: np.ndarray, rollouts: Rollouts) -> np.ndarray:
     """The task's rewards (N,) for every rollout, in one call: responses up to and including the end token."""
     mask = rollouts.mask.bool()
     responses = [row[m].tolist() for row, m in zip(rollouts.tokens, mask, strict=True)]
-    ended = ((rollouts.tokens == task.eos_id) & mask).any(dim=1).numpy()
+    ended = (torch.isin(rollouts.tokens, torch.as_tensor(end_token_ids(task.eos_id))) & mask).any(dim=1).numpy()
     return np.asarray(task.rewards(ids[rollouts.prompt_index.numpy()], responses, ~ended), dtype=np.float64)
 
 

@@ -9,6 +9,7 @@ sampled responses' log-probs with gradients for the loss, reusing one prompt for
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,14 +72,21 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
+def end_token_ids(eos_id: int | Sequence[int]) -> list[int]:
+    """The end-of-response token ids as a list, from one id or several."""
+    return [int(eos_id)] if isinstance(eos_id, int | np.integer) else [int(t) for t in eos_id]
+
+
 class HFEngine:
     """Sampling with a transformers causal LM (temperature, optional top-p, no top-k), KV cache shared by a group.
 
     The recorded log-probs are those of the temperature-scaled distribution before top-p filtering.
     """
 
-    def __init__(self, model, eos_id: int, pad_id: int, temperature: float = 1.0):
+    def __init__(self, model, eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0):
+        """eos_id: the token that ends a response, or several (e.g. Qwen's <|im_end|> and <|endoftext|>)."""
         self.model, self.eos_id, self.pad_id, self.temperature = model, eos_id, pad_id, temperature
+        self.end_tokens = torch.as_tensor(end_token_ids(eos_id), dtype=torch.long)
 
     def sync_weights(self, model) -> None:
         """The engine samples from the training model itself: nothing to copy."""
@@ -121,7 +129,7 @@ class HFEngine:
             tokens[active, t] = tok
             logprobs[active, t] = step_logp.gather(1, tok[:, None])[:, 0]
             mask[active, t] = 1
-            keep = tok != self.eos_id
+            keep = ~torch.isin(tok, self.end_tokens.to(device))
             if t == max_new_tokens - 1 or not keep.any():
                 break
             if not keep.all():  # drop finished rows from the batch and the cache
@@ -182,7 +190,7 @@ class VLLMEngine:
     def __init__(
         self,
         model_path: str,
-        eos_id: int,
+        eos_id: int | Sequence[int],
         pad_id: int,
         temperature: float = 1.0,
         seed: int = 0,
@@ -262,7 +270,7 @@ class VLLMEngine:
                 max_tokens=max_new_tokens,
                 logprobs=0,
                 seed=base_seed + i,
-                stop_token_ids=[self.eos_id],
+                stop_token_ids=end_token_ids(self.eos_id),
                 detokenize=False,  # token ids only; the model directory may have no tokenizer
             )
             for i in keep

