@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sera.methods import METHODS, SEQUENTIAL
+from sera.methods import METHODS
 from sera.passk import pass_at_k
-from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE
+from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE, comparable_config
 
 # Config keys that do not change what a run measures (so runs differing only in these may share a row).
 NON_RESULT_KEYS = ("seed", "threads", "progress", "wandb", "device", "run", "data.workers")
@@ -205,14 +205,10 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def setting(run: Run) -> tuple:
     """Everything in the config that changes results, except the seed: runs with equal settings are seeds of one row.
-    The sequential allocators' settings (method.sequential) change nothing for the other methods, so they are left
-    out there (runs made before those settings existed group with runs made after)."""
-    flat = _flatten(run.config)
-    ignored = list(NON_RESULT_KEYS)
-    method = METHODS.get(run.get("method.name"))
-    if method is None or method.allocator not in SEQUENTIAL:
-        ignored.append("method.sequential")
-    keep = {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in ignored)}
+    Settings a run does not read, and settings added later at their old value, are left out
+    (sera.runlog.comparable_config), so runs made before such a setting existed group with runs made after."""
+    flat = _flatten(comparable_config(run.config))
+    keep = {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in NON_RESULT_KEYS)}
     return tuple(sorted(keep.items()))
 
 

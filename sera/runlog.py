@@ -71,7 +71,7 @@ def check_same_config(path: Path, config: dict) -> None:
     previous = yaml.safe_load(config_file.read_text())
     if not isinstance(previous, dict):
         raise RunExistsError(f"{config_file} is empty or corrupt; delete {path} to start over.")
-    previous, config = _without_unused(previous), _without_unused(config)
+    previous, config = comparable_config(previous), comparable_config(config)
     changed = sorted(
         k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
     )
@@ -84,13 +84,23 @@ def check_same_config(path: Path, config: dict) -> None:
         )
 
 
-def _without_unused(config: dict) -> dict:
-    """The config less the settings its run does not read (method.sequential outside DS, DPS and SARA; the vllm block
-    unless engine=vllm), so a run made before such a setting existed is still the same run."""
+# Settings added after runs existed, with the value those runs had: a config holding one at this value is the same
+# run as a config without it.
+ADDED_DEFAULTS = {("train", "parallel"): "ddp"}
+
+
+def comparable_config(config: dict) -> dict:
+    """The config less what its run does not read (method.sequential outside DS, DPS and SARA; the vllm block unless
+    engine=vllm) and less ADDED_DEFAULTS at their default, so a run made before such a setting existed is still the
+    same run. Used to refuse a different config in a run directory and to group seeds in the tables."""
     from sera.methods import METHODS, SEQUENTIAL
 
     if "vllm" in config and config.get("engine") != "vllm":
         config = {k: v for k, v in config.items() if k != "vllm"}
+    for (group, key), default in ADDED_DEFAULTS.items():
+        section = config.get(group)
+        if isinstance(section, dict) and section.get(key) == default:
+            config = {**config, group: {k: v for k, v in section.items() if k != key}}
     method = config.get("method")
     if not isinstance(method, dict) or "sequential" not in method:
         return config

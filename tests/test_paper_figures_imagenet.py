@@ -318,3 +318,16 @@ def test_sequential_settings_do_not_split_batch_method_rows():
     c = Run(None, {"method": {"name": "sara", "sequential": {"k0": 4}}}, [], True)
     d = Run(None, {"method": {"name": "sara", "sequential": {"k0": 2}}}, [], True)
     assert setting(a) == setting(b) and setting(c) != setting(d)
+
+
+def test_settings_added_later_do_not_split_rows():
+    """A run made before the vllm group and train.parallel existed is a seed of the same row as one made after (hf
+    engine, ddp); a vllm run's settings, or FSDP2, do split."""
+    from paper_figures.runs import Run, setting
+
+    old = Run(None, {"engine": "hf", "train": {"steps": 5}, "seed": 0}, [], True)
+    new = Run(None, {"engine": "hf", "vllm": {"dtype": None}, "train": {"steps": 5, "parallel": "ddp"}}, [], True)
+    fsdp = Run(None, {"engine": "hf", "train": {"steps": 5, "parallel": "fsdp2"}}, [], True)
+    a = Run(None, {"engine": "vllm", "vllm": {"dtype": None}, "train": {"steps": 5}}, [], True)
+    b = Run(None, {"engine": "vllm", "vllm": {"dtype": "bfloat16"}, "train": {"steps": 5}}, [], True)
+    assert setting(old) == setting(new) and setting(new) != setting(fsdp) and setting(a) != setting(b)
