@@ -76,3 +76,12 @@ def vllm_options(cfg) -> dict:
         "dtype": v.dtype,
         "gpu_memory_utilization": float(v.gpu_memory_utilization),
     }
+
+
+def check_parallel(cfg) -> None:
+    """train.parallel=fsdp2 shards the policy across the ranks, so every forward is a collective that all ranks must
+    join in step: sampling with the policy itself (engine=hf, whose responses end at different lengths on each rank)
+    would hang. FSDP2 therefore samples with vLLM, which holds its own copy of the weights."""
+    parallel = cfg.train.get("parallel", "ddp")
+    if parallel == "fsdp2" and cfg.engine != "vllm":
+        raise ValueError("train.parallel=fsdp2 needs engine=vllm: the sharded policy cannot sample rank by rank")

@@ -66,6 +66,9 @@ class Task(Protocol):
         truncated (N,) marks responses cut at the length limit. One call scores a whole draw."""
 
 
+PARALLEL = ("ddp", "fsdp2")
+
+
 @dataclass(frozen=True)
 class LoopSettings:
     """Every setting the LM loop reads, taken from the run config once (the library never sees the Hydra config)."""
@@ -83,6 +86,7 @@ class LoopSettings:
     warmup_steps: int
     grad_clip: float  # max gradient norm
     micro_batch_rollouts: int | None  # rollouts per forward/backward (None: all of a step's at once)
+    parallel: str  # under torchrun: ddp (every rank a full replica) | fsdp2 (parameters sharded, fully_shard)
     eval_every: int
     eval_samples: int  # samples per evaluation question
     eval_ks: tuple[int, ...]
@@ -103,6 +107,7 @@ class LoopSettings:
             lr=float(o.lr), weight_decay=float(o.weight_decay), betas=tuple(float(b) for b in o.betas),
             eps=float(o.eps), warmup_steps=int(o.warmup_steps), grad_clip=float(o.grad_clip),
             micro_batch_rollouts=None if t.micro_batch_rollouts is None else int(t.micro_batch_rollouts),
+            parallel=str(t.get("parallel", "ddp")),
             eval_every=int(e.every), eval_samples=int(e.samples), eval_ks=tuple(int(k) for k in e.ks),
             eval_temperature=float(e.temperature if e.temperature is not None else cfg.temperature),
             eval_top_p=float(e.top_p), eval_max_rollouts_per_call=int(e.max_rollouts_per_call),
@@ -117,6 +122,8 @@ class LoopSettings:
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(s, name)}")
         if not (0 < s.top_p <= 1 and 0 < s.eval_top_p <= 1):
             raise ValueError(f"top_p and eval.top_p must lie in (0, 1], got {s.top_p}, {s.eval_top_p}")
+        if s.parallel not in PARALLEL:
+            raise ValueError(f"unknown train.parallel {s.parallel!r}; choose from {PARALLEL}")
         if s.micro_batch_rollouts is not None and s.micro_batch_rollouts < 1:
             raise ValueError(f"train.micro_batch_rollouts must be >= 1 or null, got {s.micro_batch_rollouts}")
         if len(s.betas) != 2 or not all(0 <= b < 1 for b in s.betas) or not s.eps > 0 or not s.grad_clip > 0:
@@ -284,6 +291,8 @@ def rl_step(
         if world > 1:
             loss = sum_over_ranks(model, loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), ls.grad_clip) if loss is not None else None
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
         if loss is not None and torch.isfinite(grad_norm):
             optimizer.step()
             metrics["train/grad_norm"] = float(grad_norm)
@@ -308,9 +317,16 @@ def backward_in_micro_batches(
     loss, or None (gradients cleared) when a micro-batch's loss is not finite.
     """
     total_rollouts, total_tokens = totals
-    loss_sum = 0.0
-    chunks = torch.split(live, ls.micro_batch_rollouts or live.numel()) if live.numel() else ()  # none: a rank's
-    for chunk in chunks:  # share may have no live rollout while others do
+    loss_sum, finite = 0.0, True
+    chunks = list(torch.split(live, ls.micro_batch_rollouts or live.numel())) if live.numel() else []  # none: a
+    lockstep = is_sharded(model)  # rank's share may have no live rollout while others do
+    if lockstep:  # FSDP2: every rank runs as many forward/backward passes; the extra ones carry zero weight
+        chunks += [None] * (max(all_gather(len(chunks))) - len(chunks))
+    for chunk in chunks:
+        if chunk is None:  # a zero-weight pass over this rank's first rollout: the collectives match, nothing is added
+            sub = rollouts.select(torch.zeros(1, dtype=torch.long))
+            (response_logprobs(model, prompts, sub, pad_id, ls.temperature).sum() * 0.0).backward()
+            continue
         sub = rollouts.select(chunk)
         logp = response_logprobs(model, prompts, sub, pad_id, ls.temperature)
         loss = pg_loss(
@@ -324,25 +340,82 @@ def backward_in_micro_batches(
             num_tokens=total_tokens,
         )
         if not torch.isfinite(loss):
-            model.zero_grad(set_to_none=True)
-            return None
+            finite = False
+            if not lockstep:
+                break
         loss.backward()
         loss_sum += loss.item()
+    if not finite:
+        model.zero_grad(set_to_none=True)
+        return None
     return loss_sum
 
 
 def sum_over_ranks(model, loss: float | None) -> float | None:
     """Sum the ranks' gradients and losses (each rank's loss already uses the global normalisers); None on every
-    rank, gradients cleared, when any rank's loss was not finite."""
+    rank, gradients cleared, when any rank's loss was not finite. A sharded (FSDP2) model's gradients were summed
+    by its reduce-scatter during backward; only the losses are summed here."""
     flags = all_gather(loss)
     if any(v is None for v in flags):
         model.zero_grad(set_to_none=True)
         return None
-    for p in model.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        torch.distributed.all_reduce(p.grad)
+    if not is_sharded(model):
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
     return float(sum(flags))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FSDP2 (train.parallel=fsdp2): parameters, gradients and optimizer state sharded across the ranks.
+# ---------------------------------------------------------------------------------------------------------------
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard_model(model) -> None:
+    """fully_shard every transformer block (model.model.layers of HF causal LMs), then the root. Gradients are summed
+    across ranks, not averaged (divide factor 1): each rank's loss already carries the step's global normalisers.
+
+    Every forward and backward is then a collective: all ranks must run the same number of them, which
+    backward_in_micro_batches ensures for training; sampling must not use the sharded model (engine=vllm, whose
+    weights are synced from the gathered full state). Checked on CPU processes over gloo (tests); only a GPU run can
+    confirm the memory saving and NCCL.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        fully_shard(layer)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # a plain sum reduce-scatter (no pre-multiplied sum, which gloo lacks)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def full_state(model, optimizer) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts to checkpoint. Sharded: gathered to full tensors on rank 0 (a collective: every
+    rank calls it; other ranks get empty dicts)."""
+    if not is_sharded(model):
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+    """Load what full_state saved (every rank holds the whole checkpoint)."""
+    if not is_sharded(model):
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state, options=options)
 
 
 def evaluate(ls: LoopSettings, task: Task, engine, generator) -> tuple[dict, dict]:
@@ -403,6 +476,8 @@ def evaluate_into(run_dir: RunDir | None, step: int, ls: LoopSettings, task: Tas
 def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_dir: RunDir | None) -> dict:
     """Run (or resume) the RL loop to ls.steps; returns the final evaluation metrics. run_dir is None on ranks > 0."""
     rank, world = world_info()
+    if ls.parallel == "fsdp2" and world > 1 and not is_sharded(model):
+        shard_model(model)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=ls.lr, weight_decay=ls.weight_decay, betas=ls.betas, eps=ls.eps
     )
@@ -422,8 +497,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         generators = state["generator"] if isinstance(state["generator"], list) else [state["generator"]]
         if len(generators) != world:
             raise RuntimeError(f"the checkpoint was written by {len(generators)} processes; resume it with as many")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_full_state(model, optimizer, state["model"], state["optimizer"])
         generator.set_state(generators[rank])
         if history is not None:
             history.load_state_dict(state["history"])
@@ -455,6 +529,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
             bar.set_postfix({k.rsplit("/", 2)[-2] + "@1": f"{v:.3f}" for k, v in final.items() if k.endswith("pass@1")})
         checkpoint_due = (step + 1) % ls.checkpoint_every == 0 and not is_last
         generators = all_gather(generator.get_state()) if checkpoint_due and world > 1 else [generator.get_state()]
+        model_state, optimizer_state = full_state(model, optimizer) if checkpoint_due else (None, None)  # collective
         if run_dir is None:
             continue
         run_dir.log(step, metrics)
@@ -462,8 +537,8 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
             run_dir.save_checkpoint(
                 {
                     "step": step + 1,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
+                    "model": model_state,
+                    "optimizer": optimizer_state,
                     "generator": generators[0] if world == 1 else generators,
                     "history": history.state_dict() if history is not None else None,
                     "predictor": predictor.state_dict() if predictor is not None else None,

@@ -296,17 +296,20 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "DONE").exists()
 
 
+TORCHRUN = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2", "-m", "tests.lm_ddp_toy"]
+TOY_ENV = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+ROOT = os.path.dirname(os.path.dirname(__file__))
+
+
 @pytest.mark.slow
-def test_two_process_step_equals_one_process_step(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_process_step_equals_one_process_step(tmp_path, parallel):
     """Data parallel LM loop (torchrun, gloo, two CPU processes): a global SERA allocation from all-gathered pilot
-    rewards, each rank training its share with micro-batches, gradients summed: the same parameters as one process."""
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-    root = os.path.dirname(os.path.dirname(__file__))
+    rewards, each rank training its share with micro-batches, gradients summed - over full replicas (ddp) or sharded
+    parameters (FSDP2, whose ranks run as many micro-batches): the same parameters as one process."""
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    subprocess.run([sys.executable, "-m", "tests.lm_ddp_toy", str(one)], env=env, cwd=root, check=True)
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--nproc_per_node=2", "-m", "tests.lm_ddp_toy", str(two)]
-    subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "tests.lm_ddp_toy", "step", str(one)], env=TOY_ENV, cwd=ROOT, check=True)
+    subprocess.run([*TORCHRUN, "step", str(two), parallel], env=TOY_ENV, cwd=ROOT, check=True, capture_output=True)
     a, b = torch.load(one), torch.load(two)
     for key in a["state"]:
         torch.testing.assert_close(a["state"][key], b["state"][key], atol=1e-6, rtol=1e-5)
@@ -315,6 +318,30 @@ def test_two_process_step_equals_one_process_step(tmp_path):
         for key in ("alloc/n_min", "alloc/n_max", "alloc/tau", "train/reward", "train/live_rollouts"):
             assert ma[key] == pytest.approx(mb[key]), key
         assert ma["train/loss"] == pytest.approx(mb["train/loss"], rel=1e-5)
+        assert ma["train/grad_norm"] == pytest.approx(mb["train/grad_norm"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_process_run_resumes_to_identical_metrics(tmp_path, parallel):
+    """torchrun, two processes: a run whose ranks all fail at step 3 resumes, with the same command, from the
+    checkpoint after step 1 (each rank's generator restored; FSDP2's sharded model and optimizer gathered into it and
+    loaded back) and logs exactly what an uninterrupted run logs."""
+
+    def launch(path, *crash, check=True):
+        cmd = [*TORCHRUN, "resume", str(path), parallel, *crash]
+        return subprocess.run(cmd, env=TOY_ENV, cwd=ROOT, check=check, capture_output=True, text=True)
+
+    def records(path):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(path / "metrics.jsonl")]
+
+    launch(tmp_path / "reference")
+    failed = launch(tmp_path / "run", "3", check=False)
+    assert failed.returncode != 0 and "simulated failure at step 3" in failed.stderr
+    assert [r["step"] for r in records(tmp_path / "run")] == [0, 1, 2] and not (tmp_path / "run" / "DONE").exists()
+    launch(tmp_path / "run")
+    assert records(tmp_path / "run") == records(tmp_path / "reference")
+    assert (tmp_path / "run" / "DONE").exists()
 
 
 def test_nonfinite_evaluation_stops_without_done(tmp_path, monkeypatch):
@@ -445,6 +472,8 @@ def test_maze_bad_input(tmp_path):
             (["method=ds", "task.pool_size=64", "+method.sequential.bogus=1"], "bogus"),
             (["task.pool_size=0"], "pool_size"),
             (["vllm.tensor_parallel_size=0"], "tensor_parallel_size"),
+            (["train.parallel=fsdp2"], "needs engine=vllm"),
+            (["train.parallel=zero3"], "unknown train.parallel"),
             (["vllm.dtype=int8"], "vllm.dtype"),
             (["vllm.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
         ]:

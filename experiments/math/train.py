@@ -41,7 +41,7 @@ from experiments.math.model import (
 )
 from experiments.math.prompts import TEMPLATES, render
 from experiments.math.sft import train_base
-from sera.config import check_group_choices, check_optim, check_run_settings, vllm_options
+from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, VLLMEngine
@@ -70,6 +70,7 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     check_run_settings(cfg)
     check_optim(cfg.optim)
     vllm_options(cfg)
+    check_parallel(cfg)
     loop = LoopSettings.from_config(cfg)
     model, data = cfg.model, cfg.data
     if model.path is None and model.name not in MODELS:

@@ -21,7 +21,7 @@ from experiments.maze import task as maze
 from experiments.maze.model import PRESETS, build_model
 from experiments.maze.sft import base_config, train_base
 from experiments.maze.task import EVAL_SET, MazeTask
-from sera.config import check_group_choices, check_optim, check_run_settings, vllm_options
+from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, VLLMEngine
@@ -39,6 +39,7 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     check_run_settings(cfg)
     check_optim(cfg.optim)
     vllm_options(cfg)
+    check_parallel(cfg)
     loop = LoopSettings.from_config(cfg)
     maze.cells_for_grid(cfg.task.grid_size)
     if pool is not None and not 1 <= pool <= maze.HELDOUT_SEED:
