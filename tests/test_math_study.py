@@ -205,6 +205,24 @@ def test_each_table1_method_runs_through_the_real_entry_point(tmp_path):
     assert "token-mean | 1 |" in (out / "math-smoke" / "table5.md").read_text()
 
 
+@pytest.mark.slow
+def test_sequential_methods_run_on_the_math_cpu_default(tmp_path):
+    """DS, DPS, SARA, SARA+DPS and SARA+SERA through the math entry point (the finite training set recurs, so DPS
+    has histories): each run finishes and logs its accounting."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    subprocess.run(
+        smoke_command(tmp_path, "method=ds,dps,sara,sara+dps,sara+sera", "n0=8"), env=env, check=True,
+        capture_output=True,
+    )  # fmt: skip
+    root = tmp_path / "math-smoke" / "tiny-math-smoke"
+    for name in ["ds", "dps", "sara", "sara+dps", "sara+sera"]:
+        run = root / f"{name}-token-mean_n0-8_seed-0"
+        assert (run / "DONE").exists(), name
+        records = read_jsonl(run / "metrics.jsonl")
+        assert all(r["alloc/generated"] >= r.get("alloc/rollouts", 0) for r in records)
+        assert all("alloc/prompts_drawn" in r for r in records)
+
+
 def test_an_interrupted_run_resumes_to_identical_records(tmp_path, monkeypatch):
     overrides = ["scale=math/smoke", "method=sera", f"run.root={tmp_path}", "threads=1"]
     math_train.run(config(*overrides, "run.name=a"))
