@@ -87,8 +87,12 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
             "curve": [pass1_curve(r, prefix) for r in done],
         }
     ds = summary.get("ds", {}).get("generated")
+    # Pass@1 at equal rollouts generated: every method's curve read at the smallest total any method reached
+    budgets = [s["generated"] for s in summary.values() if s["generated"]]
+    common = min(budgets) if budgets else None
     header = ["method", "seeds", "steps", "generated (k)", "vs DS", "trained (k)", "effective yield (%)",
-              "abandon error (%)", "empty steps (all seeds)", *[f"Pass@{k} (%)" for k in show]]  # fmt: skip
+              "abandon error (%)", "empty steps (all seeds)", *[f"Pass@{k} (%)" for k in show],
+              f"Pass@1 at {thousands(common)}k generated (%)"]  # fmt: skip
     rows = []
     for s in summary.values():
         ratio = f"{100 * (s['generated'] / ds - 1):+.0f}%" if ds and s["generated"] is not None else "n/a"
@@ -96,6 +100,7 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
             s["label"], s["seeds"], s["steps"], thousands(s["generated"]), ratio, thousands(s["trained"]),
             percent(s["effective"] / s["generated"] if s["effective"] is not None and s["generated"] else None),
             percent(s["abandon"]), s["empty"], *[percent(s["passk"][k]) for k in show],
+            percent(mean_of([at_rollouts(curve, common) for curve in s["curve"]])),
         ])  # fmt: skip
     md = write_table(out_root / f"sara-{scale}" / f"{study}", header, rows)
     saturated = summary.get("grpo", {}).get("saturated")
@@ -115,6 +120,19 @@ def pass1_curve(run: Run, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     at, pass1 = run.series(f"{prefix}1")
     total = np.array([generated[steps <= s].sum() for s in at])
     return total, pass1
+
+
+def at_rollouts(curve, x) -> float | None:
+    """Pass@1 of one run's curve at x rollouts generated, linearly interpolated; None outside its evaluations."""
+    generated, pass1 = curve
+    if x is None or not generated.size or not generated[0] <= x <= generated[-1]:
+        return None
+    return float(np.interp(x, generated, pass1))
+
+
+def mean_of(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def thousands(x) -> str:

@@ -4,6 +4,7 @@ ratio to DS, the effective yield, the saturated share and the abstract's claims,
 import csv
 import json
 
+import pytest
 import yaml
 
 from paper_figures import sara
@@ -48,6 +49,8 @@ def test_table_and_claims_from_runs(tmp_path):
     assert rows["SARA"]["trained (k)"] == "0.2" and rows["SARA"]["abandon error (%)"] == "10.00"
     assert rows["SARA"]["empty steps (all seeds)"] == "1" and rows["SARA"]["Pass@1 (%)"] == "3.00"
     assert rows["SARA+DPS (unfinished)"]["seeds"] == "0"  # an unfinished run gives no numbers
+    at = "Pass@1 at 0.4k generated (%)"  # the smallest total (GRPO's 400), where every curve is read
+    assert rows["GRPO"][at] == "3.00" and rows["DS (DAPO)"][at] == "n/a"  # DS's first evaluation is past 400
     assert "Saturated share under uniform GRPO" in text and "80.0%" in text
     assert "| imagenet | 52% fewer | n/a | 3.00 / n/a / 3.00 / n/a |" in text
     assert (tmp_path / "out" / "sara-x" / "pass1_vs_rollouts.png").exists()
@@ -59,3 +62,4 @@ def test_pass1_curve_is_against_cumulative_rollouts_generated(tmp_path):
     run = sara.load_runs(root)[0]
     x, y = sara.pass1_curve(run, "eval/pass@")
     assert x.tolist() == [30, 100] and y.tolist() == [0.01, 0.03]
+    assert sara.at_rollouts((x, y), 65) == pytest.approx(0.02) and sara.at_rollouts((x, y), 101) is None
