@@ -38,6 +38,12 @@ def cumulative(run: Run, key: str) -> float | None:
     return float(np.nansum(values)) if values.size else None
 
 
+def average(run: Run, key: str) -> float | None:
+    """The mean of a per-step metric over the steps that log it, or None when none does."""
+    _, values = run.series(key)
+    return float(np.nanmean(values)) if values.size else None
+
+
 def final_passk(run: Run, prefix: str) -> dict[int, float]:
     """{K: value} of the run's last evaluation."""
     last = next((r for r in reversed(run.records) if f"{prefix}1" in r), {})
@@ -66,22 +72,8 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
             "generated": mean_over(done, lambda r: cumulative(r, "alloc/generated")),
             "trained": mean_over(done, lambda r: cumulative(r, "alloc/rollouts")),
             "effective": mean_over(done, lambda r: cumulative(r, "alloc/effective_rollouts")),
-            "abandon": mean_over(
-                done,
-                lambda r: (
-                    np.nanmean(r.series("alloc/abandon_error_mean")[1])
-                    if r.series("alloc/abandon_error_mean")[1].size
-                    else None
-                ),
-            ),  # fmt: skip
-            "saturated": mean_over(
-                done,
-                lambda r: (
-                    np.nanmean(r.series("alloc/saturated_share")[1])
-                    if r.series("alloc/saturated_share")[1].size
-                    else None
-                ),
-            ),  # fmt: skip
+            "abandon": mean_over(done, lambda r: average(r, "alloc/abandon_error_mean")),
+            "saturated": mean_over(done, lambda r: average(r, "alloc/saturated_share")),
             "empty": int(sum(cumulative(r, "train/skipped_empty") or 0 for r in done)),
             "passk": {k: mean_over(done, lambda r, k=k: final_passk(r, prefix).get(k)) for k in show},
             "curve": [pass1_curve(r, prefix) for r in done],
@@ -100,7 +92,7 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
             s["label"], s["seeds"], s["steps"], thousands(s["generated"]), ratio, thousands(s["trained"]),
             percent(s["effective"] / s["generated"] if s["effective"] is not None and s["generated"] else None),
             percent(s["abandon"]), s["empty"], *[percent(s["passk"][k]) for k in show],
-            percent(mean_of([at_rollouts(curve, common) for curve in s["curve"]])),
+            percent(mean_over(s["curve"], lambda curve: at_rollouts(curve, common))),
         ])  # fmt: skip
     md = write_table(out_root / f"sara-{scale}" / f"{study}", header, rows)
     saturated = summary.get("grpo", {}).get("saturated")
@@ -128,11 +120,6 @@ def at_rollouts(curve, x) -> float | None:
     if x is None or not generated.size or not generated[0] <= x <= generated[-1]:
         return None
     return float(np.interp(x, generated, pass1))
-
-
-def mean_of(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(np.mean(values)) if values else None
 
 
 def thousands(x) -> str:
