@@ -46,3 +46,22 @@ def sft_train(model, tokenizer, examples: dict, out_dir: Path, sft, seed: int, d
     tokenizer.save_pretrained(out_dir)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h][-3:]
     return float(np.mean(losses)) if losses else float(result.training_loss)
+
+
+def small_llama(preset: dict, vocab_size: int, bos_id: int, eos_id: int, pad_id: int, max_positions: int):
+    """A freshly initialised Llama (SmolLM2's architecture) of a preset's sizes (hidden_size, intermediate_size,
+    num_hidden_layers, num_attention_heads) over a small vocabulary, tied embeddings, full multi-head attention: the
+    from-scratch models of the maze and math studies. Seed torch first for a reproducible start."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        num_key_value_heads=preset["num_attention_heads"],
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        **preset,
+    )
+    return LlamaForCausalLM(config)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from sera.sft import small_llama
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
 CHARS = ["\n", *(chr(c) for c in range(32, 127))]  # newline and printable ASCII
@@ -69,21 +71,9 @@ def build_tokenizer():
 
 def build_from_scratch(name: str, max_positions: int = 256) -> torch.nn.Module:
     """A freshly initialised preset of FROM_SCRATCH (seed torch first for a reproducible start)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if name not in FROM_SCRATCH:
         raise ValueError(f"unknown from-scratch model {name!r}; choose from {sorted(FROM_SCRATCH)}")
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        num_key_value_heads=FROM_SCRATCH[name]["num_attention_heads"],
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        **FROM_SCRATCH[name],
-    )
-    return LlamaForCausalLM(config)
+    return small_llama(FROM_SCRATCH[name], len(VOCAB), BOS_ID, EOS_ID, PAD_ID, max_positions)
 
 
 def gguf_location(spec: Pretrained) -> Path:

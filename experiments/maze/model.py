@@ -8,9 +8,10 @@ a GPU machine, whose embeddings are then resized to the maze vocabulary).
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from experiments.maze.task import BOS_ID, DONE_ID, PAD_ID, VOCAB
+from sera.sft import small_llama
 
 PRESETS = {
     "maze-1m": {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4},
@@ -41,14 +42,4 @@ def build_model(name: str, path: str | None = None, max_positions: int = 512) ->
         return model
     if name not in PRESETS:
         raise ValueError(f"unknown model.name {name!r}; choose from {sorted(PRESETS)} or set model.path")
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        num_key_value_heads=PRESETS[name]["num_attention_heads"],
-        bos_token_id=BOS_ID,
-        eos_token_id=DONE_ID,
-        pad_token_id=PAD_ID,
-        **PRESETS[name],
-    )
-    return LlamaForCausalLM(config)
+    return small_llama(PRESETS[name], len(VOCAB), BOS_ID, DONE_ID, PAD_ID, max_positions)
