@@ -187,11 +187,13 @@ class StepPrompts:
             if len(ids) == 0:
                 break
             self.cursor += len(ids)
+            fresh = []
             for i, prompt in zip(np.asarray(ids, dtype=np.int64), tokens, strict=True):
                 if int(i) not in self._seen:
                     self._seen.add(int(i))
-                    self.ids = np.append(self.ids, i)
+                    fresh.append(i)
                     self.tokens.append(prompt)
+            self.ids = np.concatenate([self.ids, np.asarray(fresh, dtype=np.int64)])
         return np.arange(start, len(self.tokens))
 
 
