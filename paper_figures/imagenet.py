@@ -21,6 +21,7 @@ import numpy as np
 from paper_figures.render import bold_better, pyplot, read_reference, save_figure, write_table
 from paper_figures.runs import (
     Run,
+    baseline_pair,
     group_runs,
     label_groups,
     load_runs,
@@ -28,9 +29,9 @@ from paper_figures.runs import (
     method_label,
     method_order,
     method_setting,
-    sera_maxrl_pair,
     status_tags,
     tagged,
+    tested_methods,
     with_results,
 )
 from sera.allocation import scale_factor
@@ -46,9 +47,10 @@ NAME_OF_LABEL = {m.label: m.name for m in METHODS.values()}
 
 
 def variant(run: Run) -> str:
-    """'' for a method's default p_hat source (SERA: 8 pilots), else e.g. 'm=2', 'history', 'oracle'."""
+    """'' for a method's default p_hat source (the registry's: SERA's 8 pilots), else 'm=2', 'history', 'oracle'..."""
     est, m = method_setting(run, "estimator"), method_setting(run, "pilot_m")
-    if est in (None, "none") or (est == "pilot" and m == 8):
+    entry = METHODS.get(run.get("method.name"))
+    if est in (None, "none") or (entry is not None and (est, m) == (entry.estimator, entry.pilot_m)):
         return ""
     return f"m={m}" if est == "pilot" else est
 
@@ -98,14 +100,15 @@ def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
             reference = [float(ref[f"pass@{k}"]) for k in KS]
             rows.append([ref["n0"], ref["method"], "paper (ImageNet, ResNet-50)", "", "", *reference, "n/a", "n/a"])
     bold = set()
-    for i, row in enumerate(rows):  # bold the better of each reproduced MaxRL/SERA pair at each n0, per column
-        if row[1] == "SERA" and row[2].startswith("reproduced"):
+    baseline_of = {METHODS[n].label: METHODS[METHODS[n].baseline].label for n in tested_methods()}
+    for i, row in enumerate(rows):  # bold the better of each reproduced (method, baseline) pair at each n0, per column
+        if row[1] in baseline_of and row[2].startswith("reproduced"):
             for j, other in enumerate(rows):
-                if other[0] == row[0] and other[1] == "MaxRL" and other[2] == row[2]:
+                if other[0] == row[0] and other[1] == baseline_of[row[1]] and other[2] == row[2]:
                     bold |= bold_better(rows, i, j, range(5, len(header)))
     out = out_root / f"imagenet-{scale}"
     md = write_table(out / "table2", header, rows, bold=bold)
-    verdict = sera_vs_maxrl(groups, scale)
+    verdict = "\n".join(method_vs_baseline(groups, scale, name) for name in verdict_methods(groups))
     (out / "table2_verdict.md").write_text(verdict)
     training_figure(groups, out / "training_curves")
     allocation_figure(groups, out / "allocation")
@@ -152,20 +155,27 @@ def val_p(sera: list[Run], maxrl: list[Run]) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([arrays[r.path] for r in sera]), np.stack([arrays[r.path] for r in maxrl])
 
 
-def sera_vs_maxrl(groups: list[list[Run]], scale: str) -> str:
-    """Per n0: SERA minus MaxRL at Pass@1 and Pass@1024 (question-paired 95% bootstrap CI over validation images,
-    seeds averaged), at Pass@1 seed by seed (the CI does not cover training randomness; this column shows it), and
-    in gradient cosine to CE."""
+def verdict_methods(groups: list[list[Run]]) -> list[str]:
+    """The tested methods (registry baselines) among the groups; the first (SERA) when none ran, so the verdict
+    table still shows its header."""
+    names = {g[0].get("method.name") for g in groups}
+    return [n for n in tested_methods() if n in names] or tested_methods()[:1]
+
+
+def method_vs_baseline(groups: list[list[Run]], scale: str, name: str = "sera") -> str:
+    """Per n0: a method (SERA) minus its registry baseline (MaxRL) at Pass@1 and Pass@1024 (question-paired 95%
+    bootstrap CI over validation images, seeds averaged), at Pass@1 seed by seed (the CI does not cover training
+    randomness; this column shows it), and in gradient cosine to CE."""
     lines = [
-        f"## SERA minus MaxRL (scale={scale})",
+        f"## {method_label(name)} minus {method_label(METHODS[name].baseline)} (scale={scale})",
         "",
         "| n0 | seeds | dPass@1 (pp) [95% CI] | dPass@1024 (pp) [95% CI] | dPass@1 per seed (pp) | d cos(g, CE) "
         "| d cos(E[g | n], CE) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for n0 in sorted({g[0].get("n0") for g in groups if g[0].get("method.name") == "sera"}):
+    for n0 in sorted({g[0].get("n0") for g in groups if g[0].get("method.name") == name}):
         candidates = [g for g in groups if g[0].get("n0") == n0 and not variant(g[0]) and verdict_runs(g)]
-        pair = sera_maxrl_pair(candidates, f"n0 = {n0}")
+        pair = baseline_pair(candidates, f"n0 = {n0}", name)
         if not isinstance(pair, tuple):
             lines.append(f"| {n0} | {pair or 'not run'} | | | | | |")  # refused, or not run
             continue

@@ -27,13 +27,13 @@ from paper_figures.render import bold_better, passk_figure, read_reference, writ
 from paper_figures.runs import (
     PerQuestion,
     Run,
+    baseline_pair,
     group_runs,
     label_groups,
     load_runs,
     method_label,
     pair_by_question,
     per_question,
-    sera_maxrl_pair,
     status_tags,
     tagged,
     with_results,
@@ -50,7 +50,6 @@ DATASETS = {  # file slug -> the paper's name
     "olympiadbench": "OlympiadBench",
     "chain-sum": "Chain sums (generated, CPU)",
 }
-SLUG = {v: k for k, v in DATASETS.items()}
 PASSK_TABLES = {
     "table1": ("smollm2-360m-instruct", ["gsm8k-platinum"], [1, 32, 128, 256], "table1_smollm2_gsm8k_platinum.csv"),
     "table6": (
@@ -240,7 +239,7 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
             candidates = [
                 g for g in groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated_on(dataset))
             ]
-            pair = sera_maxrl_pair(candidates, f"{shown}, {norm}")
+            pair = baseline_pair(candidates, f"{shown}, {norm}")
             cells = {}
             if isinstance(pair, tuple):
                 a, b = (per_question(g, dataset, ks) for g in pair)

@@ -20,6 +20,7 @@ from paper_figures.render import passk_figure, read_reference, write_table
 from paper_figures.runs import (
     PerQuestion,
     Run,
+    baseline_pair,
     group_runs,
     label_groups,
     load_runs,
@@ -28,7 +29,6 @@ from paper_figures.runs import (
     method_order,
     pair_by_question,
     per_question,
-    sera_maxrl_pair,
     status_tags,
     tagged,
     with_results,
@@ -96,7 +96,7 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     per_seed = []
     for norm in ("token-mean", "seqnorm"):
         candidates = [g for g in rl_groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated)]
-        pair = sera_maxrl_pair(candidates, f"maze, {norm}")
+        pair = baseline_pair(candidates, f"maze, {norm}")
         if not isinstance(pair, tuple):
             lines.append(f"| {norm} | " + " | ".join([pair or "not run"] + [""] * (len(ks) - 1)) + " |")
             continue

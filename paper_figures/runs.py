@@ -14,7 +14,7 @@ or val_p.npy). The rules every table follows, so that none reports a wrong numbe
 - Pairing for SERA-minus-MaxRL intervals: per-question records pair by question id (`pair_by_question`). Data that
   cannot be paired (different question ids or array lengths) is an error naming the runs: no table should be built
   over such runs. An ambiguous pairing (two differently configured SERA or MaxRL groups for one partner, e.g. two
-  step counts) is a legitimate state of a scale folder, so `sera_maxrl_pair` refuses it with a "refused: ..." cell
+  step counts) is a legitimate state of a scale folder, so `baseline_pair` refuses it with a "refused: ..." cell
   and names both groups' run paths on stderr, and the rest of the tables are still built.
 """
 
@@ -244,11 +244,18 @@ def label_groups(groups: list[list[Run]], row_label, key=lambda g: None) -> list
     return out
 
 
-def sera_maxrl_pair(groups: list[list[Run]], where: str) -> tuple[list[Run], list[Run]] | str | None:
-    """The (SERA, MaxRL) groups to compare among `groups` (already narrowed to one n0 or normalisation, and to groups
-    with results); None when either is missing; a "refused: ..." cell when two differently configured groups of one
-    method would be paired with the same partner (stderr then names both groups' run paths)."""
-    found = {name: [g for g in groups if g[0].get("method.name") == name] for name in ("sera", "maxrl")}
+def tested_methods() -> list[str]:
+    """The methods the tables test against a baseline (the registry's `baseline`), in registry order."""
+    return [m.name for m in METHODS.values() if m.baseline]
+
+
+def baseline_pair(groups: list[list[Run]], where: str, name: str = "sera") -> tuple[list[Run], list[Run]] | str | None:
+    """The (method, its registry baseline) groups to compare among `groups` (already narrowed to one n0 or
+    normalisation, and to groups with results); None when either is missing; a "refused: ..." cell when two
+    differently configured groups of one method would be paired with the same partner (stderr then names both
+    groups' run paths)."""
+    pair = (name, METHODS[name].baseline)
+    found = {m: [g for g in groups if g[0].get("method.name") == m] for m in pair}
     for name, candidates in found.items():
         if len(candidates) > 1:
             keys = ", ".join(differing_keys(candidates))
@@ -257,9 +264,9 @@ def sera_maxrl_pair(groups: list[list[Run]], where: str) -> tuple[list[Run], lis
             print(f"{where}: refused to pair, {message}: {paths}", file=sys.stderr)
             names = " vs ".join(g[0].path.name for g in candidates)
             return f"refused: {message} ({names})"
-    if not found["sera"] or not found["maxrl"]:
+    if not found[pair[0]] or not found[pair[1]]:
         return None
-    return found["sera"][0], found["maxrl"][0]
+    return found[pair[0]][0], found[pair[1]][0]
 
 
 @dataclass

@@ -50,10 +50,6 @@ def final_passk(run: Run, prefix: str) -> dict[int, float]:
     return {int(k[len(prefix) :]): float(v) for k, v in last.items() if k.startswith(prefix) and v is not None}
 
 
-def rl_steps(run: Run) -> int:
-    return len(run.series("alloc/generated")[0])
-
-
 def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tuple[str, dict]:
     """The markdown table of one study and its per-method summary {method: {...}}."""
     title, prefix = STUDIES[study]

@@ -27,12 +27,6 @@ def _groups(rewards, counts):
     return rewards, counts, gid, np.bincount(gid, weights=rewards, minlength=counts.size)
 
 
-def group_mean(rewards, counts) -> np.ndarray:
-    """Per-prompt mean reward (B,)."""
-    _, counts, _, sums = _groups(rewards, counts)
-    return sums / counts
-
-
 def grpo(rewards, counts) -> np.ndarray:
     """GRPO: A = (r - mean) / (std + 1e-6) per group, with the sample std (ddof = 1; 0 for a group of one)."""
     rewards, counts, gid, sums = _groups(rewards, counts)

@@ -7,21 +7,24 @@ taken prompt's dataset id). A sampler (`SAMPLERS`, keyed by the method's allocat
 or probes first, then the rest of each group - and returns a `Collected`: the prompts trained on and their counts,
 the rewards grouped by prompt with pilots first, p_hat and tau, the rollouts generated (dropped groups included),
 and the rows of the concatenated payloads to train on, in the same grouped order. A new allocator is one entry of
-`SAMPLERS`. Pure numpy; DESIGN.md sections 2-4.
+`SAMPLERS`: its collection function and what it needs (p_hat, a prompt stream, DPS's predictor), which validation,
+the loops and the tables read from there. Pure numpy; DESIGN.md sections 2-4.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sera.allocation import dars_hw_extra, uniform, waterline
 from sera.estimation import pilot_p_hat
-from sera.methods import MethodSettings
-from sera.sequential import SaraSettings, StepResult, dps_select, ds_step, sara_step, sera_counts_after_probe
+from sera.sequential import StepResult, dps_prompts, ds_step, sara_step, sera_counts_after_probe
+
+if TYPE_CHECKING:
+    from sera.methods import MethodSettings
 
 DrawFn = Callable[[np.ndarray], tuple[Any, np.ndarray]]  # counts (P,) -> (payload, rewards (sum counts,))
 
@@ -110,14 +113,14 @@ class _Draws:
         )
 
 
-def collect_uniform(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
+def collect_uniform(s: MethodSettings, batch: int, draw: DrawFn, **_) -> Collected:
     """n_i = n0 for every prompt, one draw."""
     draws = _Draws(draw, batch)
     draws(uniform(batch, s.n0))
     return draws.collected(np.arange(batch))
 
 
-def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
+def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None, **_) -> Collected:
     """SERA: p_hat (pilots, or p_hat_source() for history / oracle), then the waterline allocation of B * n0.
 
     Pilots are the first m rollouts of each group and count toward the budget: only n_i - m more are drawn. A
@@ -140,7 +143,7 @@ def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=
     return draws.collected(np.arange(batch), p_hat, tau)
 
 
-def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None) -> Collected:
+def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, **_) -> Collected:
     """DARS-HW: n0 rollouts each, then ceil(n0 / (2 a) - n0) more for prompts with accuracy a < 0.5 (extra budget)."""
     draws = _Draws(draw, batch)
     accuracy = draws(uniform(batch, s.n0)) / s.n0
@@ -151,7 +154,7 @@ def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=No
 # ---------------------------------------------------------------------------------------------------------------
 # Sequential allocators (DESIGN section 4): they take prompts from the stream as they go and drop some groups.
 # ---------------------------------------------------------------------------------------------------------------
-def accounting(result: StepResult, n: int) -> dict:
+def accounting(result: StepResult) -> dict:
     """The per-step accounting every sequential method logs."""
     return {
         "alloc/groups_committed": result.groups_committed,
@@ -164,28 +167,22 @@ def accounting(result: StepResult, n: int) -> dict:
     }
 
 
-def collect_ds(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
+def collect_ds(s: MethodSettings, batch: int, draw: DrawFn, stream, **_) -> Collected:
     """DAPO dynamic sampling: rounds of gen_batch fresh prompts, n0 rollouts each, keep mixed groups, train on the
     first B."""
     draws = _Draws(draw)
     q = s.sequential
     result = ds_step(s.n0, batch, q.gen_batch or batch, q.max_rounds, draws.by_ids(stream.size), stream.take)
-    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0), result=result)
+    return draws.collected(result.prompt_ids, metrics=accounting(result), result=result)
 
 
 def dps_stream(stream, predictor, ratio: int):
-    """take(k) from a candidate pool of ratio * k prompts, the top k by DPS's P(partial) (dps_select)."""
-
-    def take(k: int) -> np.ndarray:
-        pool = stream.take(ratio * k)
-        chosen = dps_select(predictor, stream.ids[pool], min(k, pool.size))
-        position = {int(i): int(p) for i, p in zip(stream.ids[pool], pool, strict=True)}
-        return np.array([position[int(i)] for i in chosen], dtype=np.int64)
-
-    return take
+    """stream.take(k) ranked by DPS (`dps_prompts`): the stream hands out step positions, the predictor knows
+    dataset ids (stream.ids)."""
+    return dps_prompts(predictor, stream.take, ratio, prompt_ids=lambda pool: stream.ids[pool])
 
 
-def collect_dps(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor) -> Collected:
+def collect_dps(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, **_) -> Collected:
     """DPS: a candidate pool of r * B prompts, the top B by predicted P(partial), n0 rollouts each."""
     draws = _Draws(draw)
     chosen = dps_stream(stream, predictor, s.sequential.dps_ratio)(batch)
@@ -198,14 +195,9 @@ def collect_dps(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor) 
 
 
 def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, complete: bool):
-    q = s.sequential
-    settings = SaraSettings(
-        k0=q.k0, k_min=q.k_min, delta=q.chunk, tau_lo=q.tau_lo, tau_hi=q.tau_hi, max_waves=q.max_waves,
-        mode=q.mode, complete_committed=complete,
-    )  # fmt: skip
     draws = _Draws(draw)
-    take = stream.take if predictor is None else dps_stream(stream, predictor, q.dps_ratio)
-    result = sara_step(settings, s.n0, batch, None, draws.by_ids(stream.size), take)
+    take = stream.take if predictor is None else dps_stream(stream, predictor, s.sequential.dps_ratio)
+    result = sara_step(s.sequential, s.n0, batch, None, draws.by_ids(stream.size), take, complete_committed=complete)
     if predictor is not None:  # every group observed this step, committed or abandoned
         ids = np.concatenate([result.prompt_ids, result.abandoned_ids])
         successes = np.concatenate([result.successes, result.abandoned_successes])
@@ -214,17 +206,17 @@ def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, comple
     return draws, result
 
 
-def collect_sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
+def collect_sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None, **_) -> Collected:
     """SARA (and SARA+DPS with a predictor): probe, commit or abandon, refill from the stream, in waves."""
     draws, result = _sara(s, batch, draw, stream, predictor, complete=True)
-    return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0), result=result)
+    return draws.collected(result.prompt_ids, metrics=accounting(result), result=result)
 
 
-def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None) -> Collected:
+def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, **_) -> Collected:
     """SARA+SERA: SARA's probe is SERA's pilot; the committed groups share C * n0 rollouts through the waterline."""
     draws, result = _sara(s, batch, draw, stream, None, complete=False)
     if result.counts.size == 0:
-        return draws.collected(result.prompt_ids, metrics=accounting(result, s.n0), result=result)
+        return draws.collected(result.prompt_ids, metrics=accounting(result), result=result)
     # SERA: the committed groups' probes give p_hat; the waterline spreads the rest of their budget
     extra = sera_counts_after_probe(result, result.counts.size * s.n0, s.n_max, s.p_lo, s.p_hi, s.delta)
     counts = np.zeros(stream.size(), dtype=np.int64)
@@ -232,18 +224,33 @@ def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, predi
     draws(counts)
     order = np.argsort(result.prompt_ids)
     p_hat = np.clip(result.successes / result.counts, s.p_lo, s.p_hi)[order]
-    return draws.collected(result.prompt_ids, p_hat=p_hat, metrics=accounting(result, s.n0), result=result)
+    return draws.collected(result.prompt_ids, p_hat=p_hat, metrics=accounting(result), result=result)
 
 
-BATCH_SAMPLERS = {"uniform": collect_uniform, "waterline": collect_waterline, "dars_hw": collect_dars_hw}
-SEQUENTIAL_SAMPLERS = {
-    "ds": collect_ds,
-    "dps": collect_dps,
-    "sara": collect_sara,
-    "sara+dps": collect_sara,
-    "sara+sera": collect_sara_sera,
+@dataclass(frozen=True)
+class Sampler:
+    """A rollout allocator: its collection function and what it needs from the study and the step. Validation
+    (sera.methods), the loops and the tables read these flags; nothing else names an allocator."""
+
+    collect: Callable[..., Collected] | None  # (settings, batch, draw, *, p_hat_source, stream, predictor); None: no
+    # rollouts (Direct CE)
+    p_hat: bool = False  # allocates from an estimate p_hat, so the method needs method.estimator != none
+    stream: bool = False  # takes prompts from a stream during the step (sequential: DS, DPS, SARA)
+    predictor: bool = False  # ranks prompts by DPS's predictor, which needs prompts that recur
+    unequal_counts: bool = False  # n_i can differ between prompts, so the multiplicity correction means something
+
+
+SAMPLERS = {
+    "none": Sampler(None),
+    "uniform": Sampler(collect_uniform),
+    "waterline": Sampler(collect_waterline, p_hat=True, unequal_counts=True),
+    "dars_hw": Sampler(collect_dars_hw, unequal_counts=True),
+    "ds": Sampler(collect_ds, stream=True),
+    "dps": Sampler(collect_dps, stream=True, predictor=True),
+    "sara": Sampler(collect_sara, stream=True),
+    "sara+dps": Sampler(collect_sara, stream=True, predictor=True),
+    "sara+sera": Sampler(collect_sara_sera, stream=True, unequal_counts=True),
 }
-SAMPLERS = {**BATCH_SAMPLERS, **SEQUENTIAL_SAMPLERS}
 
 
 def collect(
@@ -257,10 +264,9 @@ def collect(
     """The step's rollouts by the method's allocator. Batch allocators use the step's first B = batch prompts
     (taken already); p_hat_source gives the history or oracle p_hat (B,) when the estimator needs one. Sequential
     allocators take prompts from `stream` (take(k), size(), ids) and DPS's `predictor`. Returns a Collected."""
+    sampler = s.sampler
     if s.estimator in ("history", "oracle") and p_hat_source is None:
         raise ValueError(f"method.estimator={s.estimator} needs a p_hat source")
-    if s.method.allocator in SEQUENTIAL_SAMPLERS:
-        if stream is None or (s.method.allocator in ("dps", "sara+dps") and predictor is None):
-            raise ValueError(f"{s.method.name} needs a prompt stream (and DPS's predictor)")
-        return SEQUENTIAL_SAMPLERS[s.method.allocator](s, batch, draw, stream, predictor)
-    return BATCH_SAMPLERS[s.method.allocator](s, batch, draw, p_hat_source)
+    if (sampler.stream and stream is None) or (sampler.predictor and predictor is None):
+        raise ValueError(f"{s.method.name} needs a prompt stream (and DPS's predictor)")
+    return sampler.collect(s, batch, draw, p_hat_source=p_hat_source, stream=stream, predictor=predictor)

@@ -31,9 +31,20 @@ from tqdm import tqdm
 from sera.advantages import ADVANTAGES, multiplicity_weights
 from sera.allocation import scale_factor
 from sera.collect import collect
+from sera.distributed import (
+    all_gather,
+    full_state,
+    gather_grouped,
+    is_sharded,
+    load_full_state,
+    shard,
+    shard_model,
+    sum_over_ranks,
+    world_info,
+)
 from sera.estimation import HistoricalEstimator
 from sera.losses import pg_loss
-from sera.methods import SEQUENTIAL, MethodSettings
+from sera.methods import MethodSettings
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, end_token_ids, response_logprobs
 from sera.runlog import RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
@@ -133,40 +144,6 @@ class LoopSettings:
         return s
 
 
-def world_info() -> tuple[int, int]:
-    """(rank, world size); (0, 1) outside torch.distributed."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def all_gather(obj) -> list:
-    """Every rank's `obj`, in rank order ([obj] outside torch.distributed)."""
-    rank, world = world_info()
-    if world == 1:
-        return [obj]
-    out = [None] * world
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def shard(num: int) -> np.ndarray:
-    """This rank's items of 0..num-1: i with i mod world == rank (all of them in one process)."""
-    rank, world = world_info()
-    return np.arange(rank, num, world)
-
-
-def gather_grouped(counts: np.ndarray, mine: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Assemble per-rollout values grouped by prompt (counts (B,)) from every rank's share: rank r holds the
-    rollouts of prompts `mine` (its shard) in grouped order."""
-    out = np.empty(int(counts.sum()))
-    offsets = np.cumsum(counts) - counts
-    for prompts, part in all_gather((mine, values)):
-        positions = np.concatenate([offsets[i] + np.arange(counts[i]) for i in prompts] or [np.zeros(0, int)])
-        out[positions.astype(np.int64)] = part
-    return out
-
-
 class StepPrompts:
     """A step's prompts, taken from the task's stream as the sampler asks (sera.collect's prompt stream)."""
 
@@ -216,7 +193,7 @@ def rl_step(
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     stream = StepPrompts(task, step)
-    sequential = ms.method.allocator in SEQUENTIAL
+    sequential = ms.sampler.stream
     _, world = world_info()
     if sequential and world > 1:
         raise ValueError(f"{ms.method.name} runs in one process: its prompts are drawn as the step goes")
@@ -353,73 +330,6 @@ def backward_in_micro_batches(
     return loss_sum
 
 
-def sum_over_ranks(model, loss: float | None) -> float | None:
-    """Sum the ranks' gradients and losses (each rank's loss already uses the global normalisers); None on every
-    rank, gradients cleared, when any rank's loss was not finite. A sharded (FSDP2) model's gradients were summed
-    by its reduce-scatter during backward; only the losses are summed here."""
-    flags = all_gather(loss)
-    if any(v is None for v in flags):
-        model.zero_grad(set_to_none=True)
-        return None
-    if not is_sharded(model):
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            torch.distributed.all_reduce(p.grad)
-    return float(sum(flags))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# FSDP2 (train.parallel=fsdp2): parameters, gradients and optimizer state sharded across the ranks.
-# ---------------------------------------------------------------------------------------------------------------
-def is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def shard_model(model) -> None:
-    """fully_shard every transformer block (model.model.layers of HF causal LMs), then the root. Gradients are summed
-    across ranks, not averaged (divide factor 1): each rank's loss already carries the step's global normalisers.
-
-    Every forward and backward is then a collective: all ranks must run the same number of them, which
-    backward_in_micro_batches ensures for training; sampling must not use the sharded model (engine=vllm, whose
-    weights are synced from the gathered full state). Checked on CPU processes over gloo (tests); only a GPU run can
-    confirm the memory saving and NCCL.
-    """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
-        fully_shard(layer)
-    fully_shard(model)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):  # a plain sum reduce-scatter (no pre-multiplied sum, which gloo lacks)
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
-
-
-def full_state(model, optimizer) -> tuple[dict, dict]:
-    """(model, optimizer) state dicts to checkpoint. Sharded: gathered to full tensors on rank 0 (a collective: every
-    rank calls it; other ranks get empty dicts)."""
-    if not is_sharded(model):
-        return model.state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict) -> None:
-    """Load what full_state saved (every rank holds the whole checkpoint)."""
-    if not is_sharded(model):
-        model.load_state_dict(model_state)
-        optimizer.load_state_dict(optimizer_state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    options = StateDictOptions(full_state_dict=True)
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state, options=options)
-
-
 def evaluate(ls: LoopSettings, task: Task, engine, generator) -> tuple[dict, dict]:
     """Pass@K on every named evaluation set from ls.eval_samples samples a question (unbiased estimator), in chunks.
 
@@ -486,7 +396,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
     history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
     predictor = None
-    if ms.method.allocator in ("dps", "sara+dps"):  # DPS: every prompt's predicted dynamics, across steps
+    if ms.sampler.predictor:  # DPS: every prompt's predicted dynamics, across steps
         predictor = DynamicsPredictor(task.num_prompts, ms.sequential.dps_decay)
     skips = SkipGuard(ls.max_skipped_steps)
     start = 0

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sera.collect import SAMPLERS, Sampler
+from sera.sequential import SequentialSettings
+
 ESTIMATORS = ("none", "pilot", "history", "oracle")  # how p_hat is obtained (DESIGN section 3)
 AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalisation (DESIGN section 6)
 
@@ -22,10 +25,15 @@ class Method:
     name: str  # registry key = config file = run directory = table row id
     label: str  # the paper's display name
     advantage: str | None  # key of sera.advantages.ADVANTAGES; None = exact likelihood (Direct CE, no rollouts)
-    allocator: str = "uniform"  # key of sera.collect.SAMPLERS: uniform | waterline | dars_hw
+    allocator: str = "uniform"  # key of sera.collect.SAMPLERS, which says what the allocator needs
     multiplicity_correction: bool = False  # SERA: weight each rollout by n0 / n_i
     estimator: str = "none"  # default p_hat source
     pilot_m: int = 0  # default pilot rollouts per prompt
+    baseline: str | None = None  # the method this one is tested against in the tables (SERA: MaxRL, uniform counts)
+
+    @property
+    def sampler(self) -> Sampler:
+        return SAMPLERS[self.allocator]
 
 
 METHODS = {
@@ -34,7 +42,7 @@ METHODS = {
         Method("direct_ce", "Direct CE", advantage=None, allocator="none"),
         Method("grpo", "GRPO", "grpo"),
         Method("maxrl", "MaxRL", "maxrl"),
-        Method("sera", "SERA", "maxrl", "waterline", multiplicity_correction=True, estimator="pilot", pilot_m=8),
+        Method("sera", "SERA", "maxrl", "waterline", True, "pilot", pilot_m=8, baseline="maxrl"),
         Method("pkpo", "PKPO (T=16)", "pkpo"),
         Method("dars_hw", "DARS-HW", "grpo", allocator="dars_hw"),
         # Sequential allocation and prompt selection (the SARA seed and its baselines; DESIGN section 4)
@@ -45,24 +53,6 @@ METHODS = {
         Method("sara+sera", "SARA+SERA", "maxrl", allocator="sara+sera", multiplicity_correction=True),
     ]
 }
-SEQUENTIAL = ("ds", "dps", "sara", "sara+dps", "sara+sera")  # allocators that draw prompts from a stream
-
-
-@dataclass(frozen=True)
-class SequentialSettings:
-    """Settings of the sequential allocators (DESIGN section 4; SARA's are derived from its abstract)."""
-
-    k0: int = 4  # SARA: first probe
-    k_min: int = 2  # SARA: never abandon below this many rollouts
-    chunk: int = 2  # SARA: rollouts per further probe of an undecided group
-    tau_lo: float = 0.45  # SARA: abandon when the mixed-group probability E_j <= tau_lo
-    tau_hi: float = 0.95  # SARA: commit when E_j >= tau_hi
-    max_waves: int = 16  # SARA: cap on probe waves a step
-    mode: str = "fill"  # SARA: fill (until B groups commit) | budget (until B * n0 rollouts are spent)
-    gen_batch: int | None = None  # DS: prompts a generation round (None = B)
-    max_rounds: int = 10  # DS: cap on generation rounds a step
-    dps_ratio: int = 8  # DPS: candidate pool of dps_ratio * B prompts
-    dps_decay: float = 0.5  # DPS: lam (0.7 for MATH-like sets)
 
 
 def get_method(name) -> Method:
@@ -102,6 +92,11 @@ class MethodSettings:
     sequential: SequentialSettings = field(default_factory=SequentialSettings)  # DS, DPS, SARA
 
     @property
+    def sampler(self) -> Sampler:
+        """The allocator's registry entry: its collection step and what it needs."""
+        return self.method.sampler
+
+    @property
     def is_rl(self) -> bool:
         return self.method.advantage is not None
 
@@ -129,13 +124,14 @@ class MethodSettings:
             raise ValueError(f"method.estimator={estimator} is unavailable in {study.name}: {study.estimators}")
         if estimator == "history" and not study.repeated_prompts:
             raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
-        if method.allocator == "waterline" and estimator == "none":
+        sampler = method.sampler
+        if sampler.p_hat and estimator == "none":
             raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
-        if method.allocator in SEQUENTIAL and not study.sequential:
+        if sampler.stream and not study.sequential:
             raise ValueError(f"{name} draws extra prompts during a step, which the {study.name} study does not support")
-        if method.allocator in ("dps", "sara+dps") and not study.repeated_prompts:
+        if sampler.predictor and not study.repeated_prompts:
             raise ValueError(f"{name} predicts from each prompt's history: it needs prompts that recur (a finite pool)")
-        if method.allocator != "waterline" and estimator != "none":
+        if not sampler.p_hat and estimator != "none":
             raise ValueError(f"{name} allocates without p_hat: set method.estimator=none")
         if estimator == "pilot" and pilot_m < 1:
             raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
@@ -148,7 +144,7 @@ class MethodSettings:
         correction = mc.multiplicity_correction
         if correction is None:
             correction = method.multiplicity_correction
-        elif correction and method.allocator in ("uniform", "none"):
+        elif correction and not sampler.unequal_counts:
             raise ValueError(f"method.multiplicity_correction=true has no effect on {name}: every n_i = n0")
         n0, alloc = int(cfg.n0), cfg.alloc
         implied_delta = 0 if mc.keep_cv_on_zero else 1
@@ -173,18 +169,10 @@ class MethodSettings:
                 raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {mc.pkpo_k})")
         try:
             sequential = SequentialSettings(**(mc.get("sequential") or {}))
-        except TypeError as err:
+        except (TypeError, ValueError) as err:
             raise ValueError(f"method.sequential: {err}") from None
-        if method.allocator in SEQUENTIAL:
-            q = sequential
-            if not (1 <= q.k0 <= n0 and 1 <= q.k_min and 1 <= q.chunk and 0 <= q.tau_lo < q.tau_hi <= 1):
-                raise ValueError(
-                    f"method.sequential: need 1 <= k0 <= n0, k_min, chunk >= 1, 0 <= tau_lo < tau_hi <= 1: {q}"
-                )
-            if q.mode not in ("fill", "budget") or q.max_waves < 1 or q.max_rounds < 1 or q.dps_ratio < 1:
-                raise ValueError(f"method.sequential: mode fill|budget, max_waves, max_rounds, dps_ratio >= 1: {q}")
-            if not 0 <= q.dps_decay <= 1 or (q.gen_batch is not None and q.gen_batch < 1):
-                raise ValueError(f"method.sequential: dps_decay in [0, 1], gen_batch >= 1 or null: {q}")
+        if sampler.stream and not sequential.k0 <= n0:
+            raise ValueError(f"method.sequential: the first probe k0={sequential.k0} must be <= n0={n0}")
         adv_kwargs = {}
         if method.advantage == "maxrl":
             adv_kwargs = {"keep_cv_on_zero": bool(mc.keep_cv_on_zero)}

@@ -93,7 +93,7 @@ def comparable_config(config: dict) -> dict:
     """The config less what its run does not read (method.sequential outside DS, DPS and SARA; the vllm block unless
     engine=vllm) and less ADDED_DEFAULTS at their default, so a run made before such a setting existed is still the
     same run. Used to refuse a different config in a run directory and to group seeds in the tables."""
-    from sera.methods import METHODS, SEQUENTIAL
+    from sera.methods import METHODS
 
     if "vllm" in config and config.get("engine") != "vllm":
         config = {k: v for k, v in config.items() if k != "vllm"}
@@ -105,7 +105,7 @@ def comparable_config(config: dict) -> dict:
     if not isinstance(method, dict) or "sequential" not in method:
         return config
     entry = METHODS.get(method.get("name"))
-    if entry is not None and entry.allocator in SEQUENTIAL:
+    if entry is not None and entry.sampler.stream:
         return config
     return {**config, "method": {k: v for k, v in method.items() if k != "sequential"}}
 

@@ -77,7 +77,7 @@ def mixed_probability(p, successes, failures, n):
 class SaraAction(enum.IntEnum):
     """SARA's verdict on a group after a chunk of rollouts."""
 
-    CONTINUE = 0  # draw delta more
+    CONTINUE = 0  # draw a chunk more
     COMMIT = 1  # train on it: draw the rest of the group
     ABANDON = 2  # drop it and return its unspent rollouts to the step
 
@@ -100,33 +100,40 @@ def sara_decision(successes, failures, n, a0=1.0, b0=1.0, k_min=2, tau_lo=0.45, 
 
 
 @dataclasses.dataclass(frozen=True)
-class SaraSettings:
-    """SARA's settings (DESIGN section 4: derived from the abstract, every threshold a setting)."""
+class SequentialSettings:
+    """Settings of the sequential allocators, SARA, DS and DPS (DESIGN section 4; SARA's are derived from its
+    abstract, every threshold a setting). `method.sequential` of a run config; configs/method/common.yaml holds the
+    same defaults (a test checks that they agree)."""
 
-    k0: int = 4  # rollouts in a fresh prompt's first probe
-    k_min: int = 2  # never abandon a group with fewer rollouts than this
-    delta: int = 2  # rollouts per further chunk of an undecided group
-    tau_lo: float = 0.45  # abandon when E_j <= tau_lo
-    tau_hi: float = 0.95  # commit when E_j >= tau_hi (always once mixed)
-    a0: float = 1.0  # Beta prior over every prompt's pass rate
+    k0: int = 4  # SARA: rollouts in a fresh prompt's first probe
+    k_min: int = 2  # SARA: never abandon a group with fewer rollouts than this
+    chunk: int = 2  # SARA: rollouts per further probe of an undecided group
+    tau_lo: float = 0.45  # SARA: abandon when E_j <= tau_lo
+    tau_hi: float = 0.95  # SARA: commit when E_j >= tau_hi (always once mixed)
+    a0: float = 1.0  # SARA: Beta prior over every prompt's pass rate
     b0: float = 1.0
-    max_waves: int = 16  # cap on waves per step (paper silent); an all-saturated stream stops here
-    mode: Literal["fill", "budget"] = "fill"  # until batch_size groups are committed, or until the budget is spent
-    # False for SARA+SERA: committed groups keep only their probe rollouts, the rest of their n stays reserved, and the
-    # caller spreads the remaining budget with SERA's waterline (`sera_counts_after_probe`)
-    complete_committed: bool = True
+    max_waves: int = 16  # SARA: cap on waves per step (paper silent); an all-saturated stream stops here
+    mode: Literal["fill", "budget"] = "fill"  # SARA: until B groups are committed, or until the budget is spent
+    gen_batch: int | None = None  # DS: prompts a generation round (None = B)
+    max_rounds: int = 10  # DS: cap on generation rounds a step (verl's default)
+    dps_ratio: int = 8  # DPS: candidate pool of dps_ratio * B prompts
+    dps_decay: float = 0.5  # DPS: lam (0.7 for MATH-like sets)
 
     def __post_init__(self):
-        if self.k0 < 1 or self.delta < 1 or self.k_min < 1:
-            raise ValueError(f"need k0, delta, k_min >= 1, got {self.k0}, {self.delta}, {self.k_min}")
+        if self.k0 < 1 or self.chunk < 1 or self.k_min < 1:
+            raise ValueError(f"need k0, chunk, k_min >= 1, got {self.k0}, {self.chunk}, {self.k_min}")
         if not 0 <= self.tau_lo < self.tau_hi <= 1:
             raise ValueError(f"need 0 <= tau_lo < tau_hi <= 1, got tau_lo={self.tau_lo}, tau_hi={self.tau_hi}")
         if self.a0 <= 0 or self.b0 <= 0:
             raise ValueError(f"the Beta prior needs a0, b0 > 0, got {self.a0}, {self.b0}")
-        if self.max_waves < 1:
-            raise ValueError(f"max_waves must be >= 1, got {self.max_waves}")
+        if self.max_waves < 1 or self.max_rounds < 1 or self.dps_ratio < 1:
+            raise ValueError(f"need max_waves, max_rounds, dps_ratio >= 1, got {self.max_waves, self.max_rounds}, "
+                             f"{self.dps_ratio}")  # fmt: skip
         if self.mode not in ("fill", "budget"):
             raise ValueError(f"mode must be 'fill' or 'budget', got {self.mode!r}")
+        if not 0 <= self.dps_decay <= 1 or (self.gen_batch is not None and self.gen_batch < 1):
+            raise ValueError(f"need dps_decay in [0, 1] and gen_batch >= 1 or None, got {self.dps_decay}, "
+                             f"{self.gen_batch}")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -210,7 +217,9 @@ def _result(committed, abandoned, **accounting) -> StepResult:
 # SARA's step loop
 
 
-def _fresh_count(settings: SaraSettings, n: int, batch_size: int, budget, spent: int, open_groups: int, held: int):
+def _fresh_count(
+    settings: SequentialSettings, n: int, batch_size: int, budget, spent: int, open_groups: int, held: int
+):
     """How many fresh prompts the next wave may probe. Every open group holds n rollouts of the budget (`held` of them
     still unspent), so a commit can always be completed and the budget is never exceeded."""
     unheld = None if budget is None else (budget - spent - held) // n
@@ -220,11 +229,11 @@ def _fresh_count(settings: SaraSettings, n: int, batch_size: int, budget, spent:
     return slots if unheld is None else min(slots, unheld)
 
 
-def _wave(settings: SaraSettings, n: int, draw: Draw, ids: np.ndarray, so_far: list[np.ndarray]):
+def _wave(settings: SequentialSettings, n: int, draw: Draw, ids: np.ndarray, so_far: list[np.ndarray], complete: bool):
     """One wave's draws and verdicts: one batched draw probes the fresh groups (k0) and extends the undecided ones
-    (min(delta, n - j)), `sara_decision` judges every group, and a second draw completes the newly committed ones to n
-    when complete_committed. Returns (groups, actions (G,), rollouts drawn)."""
-    chunk = np.array([min(settings.delta, n - r.size) if r.size else settings.k0 for r in so_far], dtype=np.int64)
+    (min(chunk, n - j)), `sara_decision` judges every group, and a second draw completes the newly committed ones to n
+    when `complete`. Returns (groups, actions (G,), rollouts drawn)."""
+    chunk = np.array([min(settings.chunk, n - r.size) if r.size else settings.k0 for r in so_far], dtype=np.int64)
     groups = [np.concatenate(pair) for pair in zip(so_far, _draw(draw, ids, chunk), strict=True)]
     drawn = int(chunk.sum())
     k = np.array([r.sum() for r in groups], dtype=np.int64)
@@ -232,7 +241,7 @@ def _wave(settings: SaraSettings, n: int, draw: Draw, ids: np.ndarray, so_far: l
     s = settings
     action = sara_decision(k, j - k, n, s.a0, s.b0, s.k_min, s.tau_lo, s.tau_hi)
     rest = np.where(action == SaraAction.COMMIT, n - j, 0)
-    todo = np.flatnonzero(rest) if settings.complete_committed else np.zeros(0, dtype=np.int64)
+    todo = np.flatnonzero(rest) if complete else np.zeros(0, dtype=np.int64)
     if todo.size:  # SARA: a committed group keeps its probes and is completed to n
         for i, more in zip(todo, _draw(draw, ids[todo], rest[todo]), strict=True):
             groups[i] = np.concatenate([groups[i], more])
@@ -241,11 +250,17 @@ def _wave(settings: SaraSettings, n: int, draw: Draw, ids: np.ndarray, so_far: l
 
 
 def sara_step(
-    settings: SaraSettings, n: int, batch_size: int, budget: int | None, draw: Draw, next_prompts: NextPrompts
+    settings: SequentialSettings,
+    n: int,
+    batch_size: int,
+    budget: int | None,
+    draw: Draw,
+    next_prompts: NextPrompts,
+    complete_committed: bool = True,
 ) -> StepResult:
     """One training step of SARA: probe fresh prompts, decide, commit or abandon, refill, in batched waves.
 
-    Each wave makes one draw holding a k0-rollout probe for every fresh prompt and a min(delta, n - j) chunk for every
+    Each wave makes one draw holding a k0-rollout probe for every fresh prompt and a min(chunk, n - j) chunk for every
     undecided group, applies `sara_decision` to every group, then (complete_committed) draws the rest of each newly
     committed group up to n in a second call; probes stay in the group. Abandoned groups free their unspent rollouts,
     which the next wave spends on fresh prompts from `next_prompts`. Fill mode keeps batch_size groups open (committed
@@ -286,7 +301,7 @@ def sara_step(
             break
         waves += 1
         ids = np.concatenate([live_ids, new_ids])
-        groups, action, drawn = _wave(settings, n, draw, ids, live + [np.zeros(0)] * new_ids.size)
+        groups, action, drawn = _wave(settings, n, draw, ids, live + [np.zeros(0)] * new_ids.size, complete_committed)
         spent += drawn
         for i in np.flatnonzero(action == SaraAction.ABANDON):  # SARA: early verdict, unspent rollouts freed
             abandoned.append((int(ids[i]), int(groups[i].sum()), int(groups[i].size - groups[i].sum())))
@@ -466,8 +481,9 @@ class DynamicsPredictor:
             setattr(self, key, value.astype(getattr(self, key).dtype).copy())
 
 
-def dps_select(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> np.ndarray:
-    """DPS selection: the batch_size candidates (C,) with the highest prior P(partial), best first, (B,) int64.
+def dps_order(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> np.ndarray:
+    """DPS selection as positions: the batch_size candidates (C,) with the highest prior P(partial), best first,
+    (B,) int64 indices into candidate_ids.
 
     Ties keep the candidates' order in the pool (a stable sort), so the pool's own order (normally a random draw)
     breaks them and the result is deterministic given the pool. DESIGN section 4.
@@ -475,18 +491,31 @@ def dps_select(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> 
     candidate_ids = np.asarray(candidate_ids, dtype=np.int64).reshape(-1)
     if not 0 <= batch_size <= candidate_ids.size:
         raise ValueError(f"cannot select {batch_size} of {candidate_ids.size} candidates")
-    order = np.argsort(-predictor.partial_probability(candidate_ids), kind="stable")
-    return candidate_ids[order[:batch_size]]
+    return np.argsort(-predictor.partial_probability(candidate_ids), kind="stable")[:batch_size]
 
 
-def dps_prompts(predictor: DynamicsPredictor, candidates: NextPrompts, ratio: int) -> NextPrompts:
-    """A DPS-ranked prompt stream for SARA+DPS: next_prompts(k) draws a pool of ratio * k candidates from `candidates`
-    and returns its top k by P(partial) (`dps_select`); unselected candidates are dropped. DESIGN section 4."""
+def dps_select(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> np.ndarray:
+    """DPS selection: the batch_size candidate ids with the highest prior P(partial), best first (`dps_order`)."""
+    candidate_ids = np.asarray(candidate_ids, dtype=np.int64).reshape(-1)
+    return candidate_ids[dps_order(predictor, candidate_ids, batch_size)]
+
+
+def dps_prompts(
+    predictor: DynamicsPredictor,
+    candidates: NextPrompts,
+    ratio: int,
+    prompt_ids: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> NextPrompts:
+    """A DPS-ranked prompt stream (DPS and SARA+DPS): next_prompts(k) draws a pool of ratio * k candidates from
+    `candidates` and returns its top k by P(partial) (`dps_order`); unselected candidates are dropped. `prompt_ids`
+    maps the candidates to the predictor's prompt ids when they are not the same (a step's stream hands out step
+    positions); by default they are. DESIGN section 4."""
     if ratio < 1:
         raise ValueError(f"ratio must be >= 1, got {ratio}")
 
     def next_prompts(k: int) -> np.ndarray:
         pool = np.asarray(candidates(ratio * k), dtype=np.int64).reshape(-1)
-        return dps_select(predictor, pool, min(k, pool.size))
+        ids = pool if prompt_ids is None else prompt_ids(pool)
+        return pool[dps_order(predictor, ids, min(k, pool.size))]
 
     return next_prompts

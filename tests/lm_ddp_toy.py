@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 import sera.lm_loop as loop
-from sera.lm_loop import LoopSettings, full_state, rl_step, shard_model, train, world_info
+from sera.distributed import full_state, shard_model, world_info
+from sera.lm_loop import LoopSettings, rl_step, train
 from sera.methods import MethodSettings, Study
 from sera.rollout import Rollouts
 from sera.runlog import RunDir

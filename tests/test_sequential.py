@@ -12,7 +12,7 @@ from scipy.stats import betabinom
 from sera.sequential import (
     DynamicsPredictor,
     SaraAction,
-    SaraSettings,
+    SequentialSettings,
     dps_prompts,
     dps_select,
     ds_step,
@@ -162,7 +162,7 @@ def test_decision_rule_commits_mixed_respects_k_min_and_tau_hi():
     "kwargs, match",
     [
         ({"k0": 0}, "k0"),
-        ({"delta": 0}, "delta"),
+        ({"chunk": 0}, "chunk"),
         ({"tau_lo": 0.96}, "tau_lo < tau_hi"),
         ({"tau_hi": 1.5}, "tau_hi <= 1"),
         ({"a0": 0.0}, "Beta prior"),
@@ -172,7 +172,7 @@ def test_decision_rule_commits_mixed_respects_k_min_and_tau_hi():
 )
 def test_sara_settings_validate(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        SaraSettings(**kwargs)
+        SequentialSettings(**kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_sara_settings_validate(kwargs, match):
 def test_sara_step_abandons_unsolvable_prompts_after_four_rollouts(k0, delta):
     """Every schedule that reaches j = 4 decides there (flat prior, n = 8, tau_lo = 0.45)."""
     sim = Simulator(np.zeros(1000))
-    result = sara_step(SaraSettings(k0=k0, delta=delta, max_waves=8), 8, 16, None, sim.draw, Stream(1000))
+    result = sara_step(SequentialSettings(k0=k0, chunk=delta, max_waves=8), 8, 16, None, sim.draw, Stream(1000))
     assert result.groups_committed == 0 and result.groups_abandoned >= 16
     assert result.abandoned_failures.tolist() == [4] * result.groups_abandoned
     assert result.abandoned_successes.tolist() == [0] * result.groups_abandoned
@@ -194,7 +194,7 @@ def test_sara_step_abandons_unsolvable_prompts_after_four_rollouts(k0, delta):
 def test_sara_step_fill_mode_accounting_and_probes_kept_in_the_group():
     sim = Simulator(np.random.default_rng(2).uniform(size=5000), seed=3)
     stream = Stream()
-    result = sara_step(SaraSettings(), 8, 64, None, sim.draw, stream)
+    result = sara_step(SequentialSettings(), 8, 64, None, sim.draw, stream)
     assert result.groups_committed == 64 and result.shortfall == 0 and not result.hit_wave_cap
     assert np.all(result.counts == 8) and result.rewards.shape == (64 * 8,)
     assert result.rollouts_trained == 64 * 8
@@ -232,11 +232,10 @@ def test_sara_step_never_exceeds_the_budget(
     sim = Simulator(p, seed)
     stream = Stream(int(rng.integers(0, 500)))
     budget = int(budget_groups * batch_size * n)
-    config = SaraSettings(
-        k0=min(k0, n), delta=delta, k_min=k_min, tau_lo=tau_lo, mode=mode, complete_committed=complete,
-        max_waves=max_waves,
+    config = SequentialSettings(
+        k0=min(k0, n), chunk=delta, k_min=k_min, tau_lo=tau_lo, mode=mode, max_waves=max_waves,
     )  # fmt: skip
-    result = sara_step(config, n, batch_size, budget, sim.draw, stream)
+    result = sara_step(config, n, batch_size, budget, sim.draw, stream, complete_committed=complete)
     assert result.rollouts_generated <= budget
     assert result.rollouts_generated == sim.returned
     assert result.prompts_drawn == stream.issued
@@ -253,7 +252,7 @@ def test_sara_step_never_exceeds_the_budget(
 def test_all_saturated_batch_terminates_and_reports_the_cap(mode):
     sim = Simulator(np.tile([0.0, 1.0], 50_000))
     budget = 8 * 1000 if mode == "budget" else None  # each wave spends half of what is left: ~10 waves to spend it
-    result = sara_step(SaraSettings(max_waves=5, mode=mode), 8, 32, budget, sim.draw, Stream())
+    result = sara_step(SequentialSettings(max_waves=5, mode=mode), 8, 32, budget, sim.draw, Stream())
     assert result.hit_wave_cap and result.waves == 5
     assert result.groups_committed == 0 and result.rollouts_trained == 0 and result.rewards.size == 0
     assert result.rollouts_generated == 4 * result.prompts_drawn == sim.returned
@@ -261,14 +260,14 @@ def test_all_saturated_batch_terminates_and_reports_the_cap(mode):
 
 
 def test_exhausted_stream_stops_without_the_cap():
-    result = sara_step(SaraSettings(), 8, 32, None, Simulator(np.ones(10)).draw, Stream(10))
+    result = sara_step(SequentialSettings(), 8, 32, None, Simulator(np.ones(10)).draw, Stream(10))
     assert not result.hit_wave_cap and result.groups_committed == 0 and result.shortfall == 32
     assert result.prompts_drawn == 10 and result.groups_abandoned == 10
 
 
 def test_budget_mode_spends_the_budget_and_commits_more_than_b_when_prompts_saturate():
     sim = Simulator(np.tile([0.0, 0.5], 5000), seed=4)
-    result = sara_step(SaraSettings(mode="budget"), 8, 32, None, sim.draw, Stream())
+    result = sara_step(SequentialSettings(mode="budget"), 8, 32, None, sim.draw, Stream())
     assert result.rollouts_generated <= 32 * 8
     assert result.rollouts_generated > 32 * 8 - 8  # stops only when the rest cannot pay for a whole group
     # uniform allocation of the same budget (the first 32 prompts, 16 with p = 0) gets at most 16 mixed groups;
@@ -285,7 +284,7 @@ def test_abandonment_error_is_calibrated_and_below_tau_lo(a0, b0):
     n, tau_lo = 8, 0.45
     rng = np.random.default_rng(5)
     sim = Simulator(rng.beta(a0, b0, 20_000), seed=6)
-    config = SaraSettings(a0=a0, b0=b0, tau_lo=tau_lo, mode="budget")
+    config = SequentialSettings(a0=a0, b0=b0, tau_lo=tau_lo, mode="budget")
     result = sara_step(config, n, 2000, None, sim.draw, Stream(20_000))
     s, f = result.abandoned_successes, result.abandoned_failures
     assert result.groups_abandoned > 500
@@ -301,11 +300,11 @@ def test_abandonment_error_is_calibrated_and_below_tau_lo(a0, b0):
 def test_sara_step_rejects_bad_arguments():
     sim = Simulator(np.full(10, 0.5))
     with pytest.raises(ValueError, match="k0"):
-        sara_step(SaraSettings(k0=9), 8, 4, None, sim.draw, Stream())
+        sara_step(SequentialSettings(k0=9), 8, 4, None, sim.draw, Stream())
     with pytest.raises(ValueError, match="binary"):
-        sara_step(SaraSettings(), 8, 4, None, lambda ids, c: np.full(int(c.sum()), 0.5), Stream())
+        sara_step(SequentialSettings(), 8, 4, None, lambda ids, c: np.full(int(c.sum()), 0.5), Stream())
     with pytest.raises(ValueError, match="rewards for counts"):
-        sara_step(SaraSettings(), 8, 4, None, lambda ids, c: np.zeros(3), Stream())
+        sara_step(SequentialSettings(), 8, 4, None, lambda ids, c: np.zeros(3), Stream())
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -318,7 +317,7 @@ def test_sara_plus_dps_takes_a_dps_ranked_prompt_stream():
     predictor.update(np.arange(400), np.where(np.arange(400) % 2 == 0, 4, 8), 8)
     sim = Simulator(np.full(400, 0.5), seed=7)
     stream = Stream(400)
-    result = sara_step(SaraSettings(), 8, 16, None, sim.draw, dps_prompts(predictor, stream, ratio=4))
+    result = sara_step(SequentialSettings(), 8, 16, None, sim.draw, dps_prompts(predictor, stream, ratio=4))
     assert result.groups_committed == 16
     assert set(sim.history) and all(i % 2 == 0 for i in sim.history)
     assert stream.issued == 4 * result.prompts_drawn  # each pool holds ratio * k candidates
@@ -330,8 +329,9 @@ def test_sara_plus_sera_spreads_the_rest_of_the_budget_over_the_probed_groups(mo
     n, batch_size = 8, 32
     budget = n * batch_size
     sim = Simulator(np.random.default_rng(8).uniform(0.02, 0.98, 2000), seed=9)
-    config = SaraSettings(complete_committed=False, mode=mode)
-    result = sara_step(config, n, batch_size, budget if mode == "budget" else None, sim.draw, Stream())
+    config = SequentialSettings(mode=mode)
+    budget_arg = budget if mode == "budget" else None
+    result = sara_step(config, n, batch_size, budget_arg, sim.draw, Stream(), complete_committed=False)
     assert np.all(result.counts < n)  # committed on their probes, not completed
     if mode == "fill":
         assert result.groups_committed == batch_size

@@ -21,8 +21,9 @@ from experiments.imagenet.sampling import RowSampler
 from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
 from sera.allocation import scale_factor
 from sera.collect import collect
+from sera.distributed import all_gather
 from sera.losses import pg_loss
-from sera.methods import ESTIMATORS, SEQUENTIAL, MethodSettings, Study
+from sera.methods import ESTIMATORS, MethodSettings, Study
 from sera.sequential import mixed_probability
 
 STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True, sequential=True)
@@ -185,11 +186,7 @@ def abandonment_error(out, p_true, n: int) -> dict:
 def update_history(history, idx, successes, counts) -> None:
     """Record the step's outcomes; under DDP every rank records every rank's prompts, so the historical p_hat of a
     prompt is its last rate wherever it was trained."""
-    parts = [(idx, successes, counts)]
-    if torch.distributed.is_initialized():
-        parts = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(parts, (idx, successes, counts))
-    for part in parts:
+    for part in all_gather((idx, successes, counts)):
         history.update(*part)
 
 
@@ -227,7 +224,7 @@ def step_metrics(settings: MethodSettings, out, loss, batch: int) -> dict:
         "alloc/c_mean": float(c.mean()),
         "alloc/c_cv": float(c.std() / max(c.mean(), 1e-12)),
     }
-    if settings.method.allocator not in SEQUENTIAL:  # the step's images are a uniform draw of the training set
+    if not settings.sampler.stream:  # the step's images are a uniform draw of the training set
         # the expected share of groups of n0 with all-equal rewards: what DS and SARA can save on (DESIGN section 4)
         m["alloc/saturated_share"] = float(np.mean(p_exact**settings.n0 + (1 - p_exact) ** settings.n0))
     if tau is not None:

@@ -49,8 +49,9 @@ from experiments.imagenet.policy import (
 )
 from sera.allocation import scale_factor
 from sera.config import check_group_choices, check_optim, check_run_settings
+from sera.distributed import all_gather
 from sera.estimation import HistoricalEstimator
-from sera.methods import SEQUENTIAL, MethodSettings
+from sera.methods import MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
 from sera.sequential import DynamicsPredictor
 from sera.threads import set_torch_threads
@@ -94,12 +95,7 @@ def run_name(cfg, settings: MethodSettings) -> str:
 
 def rng_states(sample_gen: torch.Generator) -> list:
     """Every rank's (sampling generator, torch) RNG states, so a resumed multi-process run continues each stream."""
-    mine = (sample_gen.get_state(), torch.get_rng_state())
-    if not torch.distributed.is_initialized():
-        return [mine]
-    states = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(states, mine)
-    return states
+    return all_gather((sample_gen.get_state(), torch.get_rng_state()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -174,7 +170,7 @@ def run(cfg: DictConfig) -> dict:
     rank, world, device = setup_distributed(cfg)
     if cfg.train.batch_size % world:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by the {world} processes")
-    if world > 1 and settings.method.allocator in SEQUENTIAL:
+    if world > 1 and settings.sampler.stream:
         raise ValueError(f"{settings.method.name} runs in one process: its images are drawn as the step goes")
     threads = set_torch_threads(cfg.threads)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -206,9 +202,9 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
     rl = settings.is_rl
     warm = cfg.train.warm_start_steps if rl else 0  # Direct CE is one CE phase; the warm start is its prefix
     history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
-    sequential = rl and settings.method.allocator in SEQUENTIAL  # DS, DPS, SARA: images drawn as the step goes
+    sequential = rl and settings.sampler.stream  # DS, DPS, SARA: images drawn as the step goes
     predictor = None
-    if settings.method.allocator in ("dps", "sara+dps"):
+    if settings.sampler.predictor:
         predictor = DynamicsPredictor(stream.num, settings.sequential.dps_decay)
     skips = SkipGuard(cfg.run.max_skipped_steps)
     sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
