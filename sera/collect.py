@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sera.advantages import ADVANTAGES, multiplicity_weights
 from sera.allocation import dars_hw_extra, uniform, waterline
 from sera.estimation import pilot_p_hat
 from sera.sequential import StepResult, dps_prompts, ds_step, sara_step, sera_counts_after_probe
@@ -270,3 +271,38 @@ def collect(
     if (sampler.stream and stream is None) or (sampler.predictor and predictor is None):
         raise ValueError(f"{s.method.name} needs a prompt stream (and DPS's predictor)")
     return sampler.collect(s, batch, draw, p_hat_source=p_hat_source, stream=stream, predictor=predictor)
+
+
+def advantages_and_weights(s: MethodSettings, out: Collected) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) advantages of the collected rollouts by the method's estimator, and (N,) rollout weights: SERA's
+    multiplicity correction w_i = n0 / n_i, or ones. Grouped like out.rewards. DESIGN sections 1, 2 and 4."""
+    adv = ADVANTAGES[s.method.advantage](out.rewards, out.counts, **s.adv_kwargs)
+    # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i
+    weights = multiplicity_weights(out.counts, s.n0) if s.multiplicity_correction else np.ones(out.rewards.size)
+    return adv, weights
+
+
+def generation_metrics(out: Collected) -> dict:
+    """Rollouts generated and a sequential allocator's accounting: logged by every step, trained on or not."""
+    return {"alloc/generated": out.rollouts_generated, **out.metrics}
+
+
+def collection_metrics(s: MethodSettings, out: Collected, batch: int) -> dict:
+    """What every study logs of a step's collection (at least one group trained): mean reward, rollouts generated
+    and trained against the budget B * n0, the counts' range, the groups with mixed rewards and their rollouts,
+    SERA's waterline level, and a sequential allocator's accounting."""
+    counts, successes = out.counts, out.successes
+    mixed = (successes > 0) & (successes < counts)
+    metrics = {
+        **generation_metrics(out),
+        "alloc/budget": s.budget(batch),
+        "train/reward": float(out.rewards.mean()),
+        "alloc/rollouts": out.rollouts_trained,
+        "alloc/n_min": int(counts.min()),
+        "alloc/n_max": int(counts.max()),
+        "alloc/effective_groups": int(np.count_nonzero(mixed)),
+        "alloc/effective_rollouts": int(counts[mixed].sum()),  # rollouts in groups with mixed rewards
+    }
+    if out.tau is not None:
+        metrics["alloc/tau"] = out.tau
+    return metrics

@@ -28,9 +28,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from sera.advantages import ADVANTAGES, multiplicity_weights
 from sera.allocation import scale_factor
-from sera.collect import collect
+from sera.collect import advantages_and_weights, collect, collection_metrics, generation_metrics
 from sera.distributed import (
     all_gather,
     full_state,
@@ -182,106 +181,132 @@ def score(task: Task, ids: np.ndarray, rollouts: Rollouts) -> np.ndarray:
     return np.asarray(task.rewards(ids[rollouts.prompt_index.numpy()], responses, ~ended), dtype=np.float64)
 
 
+class RankDraw:
+    """The collection step's draw(counts) for one rank: generate this rank's share of the step's prompts (all of them
+    in one process; a sequential step's prompts with a rollout in this call), score it in one call, and return every
+    rank's rewards grouped by prompt (the allocation is global). Times the scoring."""
+
+    def __init__(self, ls: LoopSettings, task: Task, engine, generator, stream: StepPrompts, sequential: bool):
+        self.ls, self.task, self.engine, self.generator, self.stream = ls, task, engine, generator, stream
+        self.sequential, self.world = sequential, world_info()[1]
+        self.mine = shard(ls.batch_size)  # this rank's prompts (all of them in one process)
+        self.reward_time = 0.0
+
+    def __call__(self, counts: np.ndarray):
+        ls, prompts = self.ls, self.stream.tokens
+        if self.sequential:  # many of the step's prompts get no rollout in a call: leave them out of the prefill
+            use = np.flatnonzero(counts)
+        elif self.world == 1:
+            use = None
+        else:
+            use = self.mine
+        own = prompts if use is None else [prompts[i] for i in use]
+        rollouts = self.engine.generate(
+            own, counts if use is None else counts[use], ls.max_new_tokens, self.generator, ls.temperature, ls.top_p
+        )
+        if use is not None:
+            rollouts.prompt_index = torch.as_tensor(use, dtype=torch.long)[rollouts.prompt_index]
+        t = time.perf_counter()
+        rewards = score(self.task, self.stream.ids, rollouts)
+        self.reward_time += time.perf_counter() - t
+        return rollouts, (rewards if self.world == 1 else gather_grouped(counts, self.mine, rewards))
+
+
+@dataclass
+class RankShare:
+    """This rank's part of a step's trained rollouts, grouped by prompt, and the step's global normalisers."""
+
+    rollouts: Rollouts
+    own: np.ndarray | slice  # this rank's rows of the grouped rollouts (all of them in one process)
+    live: torch.Tensor  # rows of `rollouts` with a nonzero advantage x weight (the others add nothing)
+    live_total: int  # live rollouts over all ranks
+    tokens: float  # response tokens over all ranks (token-mean's normaliser)
+
+
+def rank_share(out, mine: np.ndarray, adv: np.ndarray, weights: np.ndarray, pad_id: int) -> RankShare:
+    """Assemble this rank's trained rollouts from the draws' payloads in grouped order; count live rollouts and
+    response tokens over the ranks."""
+    world = world_info()[1]
+    if world > 1:  # this rank's own rollouts (the batch allocators train every drawn group), grouped by prompt
+        rollouts = out.payloads[0] if len(out.payloads) == 1 else concat_rollouts(out.payloads, pad_id)
+    else:
+        rollouts = out.payloads[0] if out.order is None else concat_rollouts(out.payloads, pad_id, out.order)
+    own = np.isin(out.prompts[out.rows], mine) if world > 1 else slice(None)
+    live = torch.as_tensor(np.flatnonzero(adv[own] * weights[own] != 0))
+    tokens = float(rollouts.mask.sum())
+    if world > 1:
+        tokens = float(sum(all_gather(tokens)))
+    return RankShare(rollouts, own, live, int(sum(all_gather(int(live.numel())))), tokens)
+
+
+def update(ms, ls, model, optimizer, engine, prompts, share: RankShare, adv, weights, pad_id, trained: int) -> dict:
+    """Backward over the live rollouts in micro-batches, gradients summed over ranks, clip, optimizer step, weight
+    sync. A non-finite loss or gradient skips the update (train/skipped_nonfinite). Returns its metrics."""
+    device = next(model.parameters()).device
+    metrics = {}
+    loss = backward_in_micro_batches(
+        ms, ls, model, prompts, share.rollouts, share.live, adv[share.own], weights[share.own], pad_id, device,
+        (trained, share.tokens),
+    )  # fmt: skip
+    if world_info()[1] > 1:
+        loss = sum_over_ranks(model, loss)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), ls.grad_clip) if loss is not None else None
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+        grad_norm = grad_norm.full_tensor()
+    if loss is not None and torch.isfinite(grad_norm):
+        optimizer.step()
+        metrics["train/grad_norm"] = float(grad_norm)
+    else:  # never crash or corrupt the model on a bad step: skip it and say so
+        metrics["train/skipped_nonfinite"] = 1
+    if loss is not None:
+        metrics["train/loss"] = loss
+    engine.sync_weights(model)
+    return metrics
+
+
 def rl_step(
     ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step, predictor=None
 ):
-    """One RL step: collect (p_hat, allocation, rollouts, rewards), advantages and weights, loss, update.
+    """One RL step: prompts -> collect (p_hat, allocation, rollouts, rewards) -> advantages and weights -> backward
+    -> update.
 
     Returns the step's metrics; a non-finite loss or gradient skips the update (train/skipped_nonfinite), and so does
     a step with no group to train on (train/skipped_empty: DS or SARA at their caps).
     """
     t0 = time.perf_counter()
-    device = next(model.parameters()).device
-    stream = StepPrompts(task, step)
     sequential = ms.sampler.stream
-    _, world = world_info()
-    if sequential and world > 1:
+    if sequential and world_info()[1] > 1:
         raise ValueError(f"{ms.method.name} runs in one process: its prompts are drawn as the step goes")
+    stream = StepPrompts(task, step)
     if not sequential:
         stream.take(ls.batch_size)
-    mine = shard(ls.batch_size)  # this rank's prompts (all of them in one process)
-    reward_time = 0.0
-
-    def draw(counts):  # generate this rank's share, score it in one call; every rank gets all the rewards
-        nonlocal reward_time
-        prompts = stream.tokens
-        if sequential:  # many of the step's prompts get no rollout in a call: leave them out of the prefill
-            use = np.flatnonzero(counts)
-            rollouts = engine.generate([prompts[i] for i in use], counts[use], ls.max_new_tokens, generator,
-                                       ls.temperature, ls.top_p)  # fmt: skip
-            rollouts.prompt_index = torch.as_tensor(use, dtype=torch.long)[rollouts.prompt_index]
-        elif world == 1:
-            rollouts = engine.generate(prompts, counts, ls.max_new_tokens, generator, ls.temperature, ls.top_p)
-        else:
-            own = [prompts[i] for i in mine]
-            rollouts = engine.generate(own, counts[mine], ls.max_new_tokens, generator, ls.temperature, ls.top_p)
-            rollouts.prompt_index = torch.as_tensor(mine, dtype=torch.long)[rollouts.prompt_index]
-        t = time.perf_counter()
-        rewards = score(task, stream.ids, rollouts)
-        reward_time += time.perf_counter() - t
-        return rollouts, (rewards if world == 1 else gather_grouped(counts, mine, rewards))
-
+    draw = RankDraw(ls, task, engine, generator, stream, sequential)
     first = stream.ids[: ls.batch_size]
     p_hat_source = (
         (lambda: history.estimate(first) if history.has_data else None) if ms.estimator == "history" else None
     )
     out = collect(ms, ls.batch_size, draw, p_hat_source, stream, predictor)
     t_gen = time.perf_counter() - t0
-    metrics = {"alloc/generated": out.rollouts_generated, "alloc/budget": ms.budget(ls.batch_size), **out.metrics}
     if out.counts.size == 0:  # nothing to train on: say so and move on
+        metrics = {**generation_metrics(out), "alloc/budget": ms.budget(ls.batch_size)}
         return {**metrics, "train/skipped_empty": 1, "time/generate_s": t_gen, "time/step_s": time.perf_counter() - t0}
-    if world > 1:  # this rank's own rollouts (the batch allocators train every drawn group), grouped by prompt
-        rollouts = out.payloads[0] if len(out.payloads) == 1 else concat_rollouts(out.payloads, task.pad_id)
-    else:
-        rollouts = out.payloads[0] if out.order is None else concat_rollouts(out.payloads, task.pad_id, out.order)
-    counts, rewards = out.counts, out.rewards  # (C,), (N,) grouped by prompt, pilots first
-    adv = ADVANTAGES[ms.method.advantage](rewards, counts, **ms.adv_kwargs)
-    # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i
-    weights = multiplicity_weights(counts, ms.n0) if ms.multiplicity_correction else np.ones(rewards.size)
+    adv, weights = advantages_and_weights(ms, out)
     if history is not None:
-        history.update(stream.ids[out.prompts], out.successes, counts)
-    own = np.isin(out.prompts[out.rows], mine) if world > 1 else slice(None)  # this rank's rollouts, grouped
-    live = torch.as_tensor(np.flatnonzero(adv[own] * weights[own] != 0))  # zero-advantage rollouts add nothing
-    tokens = float(rollouts.mask.sum())
-    if world > 1:
-        tokens = float(sum(all_gather(tokens)))
-    live_total = int(sum(all_gather(int(live.numel()))))
-    successes = out.successes
-    metrics |= {
-        "train/reward": float(rewards.mean()),
-        "alloc/rollouts": out.rollouts_trained,
-        "alloc/n_min": int(counts.min()),
-        "alloc/n_max": int(counts.max()),
-        "alloc/effective_groups": int(np.count_nonzero((successes > 0) & (successes < counts))),
-        "alloc/effective_rollouts": int(counts[(successes > 0) & (successes < counts)].sum()),  # in mixed groups
-        "train/live_rollouts": live_total,
-        "train/response_tokens": float(rollouts.mask.sum(1).float().mean()) if world == 1 else tokens / len(rewards),
-    }
-    if out.tau is not None:
-        metrics["alloc/tau"] = out.tau
+        history.update(stream.ids[out.prompts], out.successes, out.counts)
+    share = rank_share(out, draw.mine, adv, weights, task.pad_id)
+    metrics = collection_metrics(ms, out, ls.batch_size)
+    metrics["train/live_rollouts"] = share.live_total
+    metrics["train/response_tokens"] = (
+        float(share.rollouts.mask.sum(1).float().mean()) if draw.world == 1 else share.tokens / len(out.rewards)
+    )
     if out.p_hat is not None:
-        metrics["alloc/c_min_phat"] = float(scale_factor(out.p_hat, counts, ms.delta).min())
+        metrics["alloc/c_min_phat"] = float(scale_factor(out.p_hat, out.counts, ms.delta).min())
     optimizer.zero_grad(set_to_none=True)
-    if live_total:
-        totals = (out.rollouts_trained, tokens)
-        loss = backward_in_micro_batches(
-            ms, ls, model, stream.tokens, rollouts, live, adv[own], weights[own], task.pad_id, device, totals
-        )
-        if world > 1:
-            loss = sum_over_ranks(model, loss)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), ls.grad_clip) if loss is not None else None
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
-            grad_norm = grad_norm.full_tensor()
-        if loss is not None and torch.isfinite(grad_norm):
-            optimizer.step()
-            metrics["train/grad_norm"] = float(grad_norm)
-        else:  # never crash or corrupt the model on a bad step: skip it and say so
-            metrics["train/skipped_nonfinite"] = 1
-        if loss is not None:
-            metrics["train/loss"] = loss
-        engine.sync_weights(model)
+    if share.live_total:
+        metrics |= update(ms, ls, model, optimizer, engine, stream.tokens, share, adv, weights, task.pad_id,
+                          out.rollouts_trained)  # fmt: skip
     metrics["time/generate_s"] = t_gen
-    metrics["time/reward_s"] = reward_time
+    metrics["time/reward_s"] = draw.reward_time
     metrics["time/step_s"] = time.perf_counter() - t0
     return metrics
 

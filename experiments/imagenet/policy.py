@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from experiments.imagenet.sampling import RowSampler
-from sera.advantages import ADVANTAGES, expected_scale, multiplicity_weights
+from sera.advantages import expected_scale
 from sera.allocation import scale_factor
-from sera.collect import collect
+from sera.collect import advantages_and_weights, collect, collection_metrics
 from sera.distributed import all_gather
 from sera.losses import pg_loss
 from sera.methods import ESTIMATORS, MethodSettings, Study
@@ -73,9 +73,7 @@ def policy_loss(settings: MethodSettings, logp, rows, labels, out, p_exact, idx,
     """
     classes = logp.shape[1]
     counts, rewards = out.counts, out.rewards  # (C,), (N,)
-    adv = ADVANTAGES[settings.method.advantage](rewards, counts, **settings.adv_kwargs)
-    # SERA: multiplicity correction - each rollout weighted by n0 / n_i, so every prompt keeps its uniform weight
-    weights = multiplicity_weights(counts, settings.n0) if settings.multiplicity_correction else np.ones(rewards.size)
+    adv, weights = advantages_and_weights(settings, out)  # SERA: weights n0 / n_i, every prompt keeps its weight
     # (N, 1): a classifier rollout is one token. index_select on the flat view: its backward is one index_add
     device = logp.device
     lp = logp.reshape(-1).index_select(0, torch.from_numpy(rows * classes + labels).to(device))[:, None]
@@ -205,21 +203,12 @@ def step_metrics(settings: MethodSettings, out, loss, batch: int) -> dict:
     """Reward, allocation, scale factors at the exact p, and p_hat error against exact p (MAE, Pearson r).
 
     batch: B, the step's nominal prompts (a sequential allocator may train on fewer images and draw more)."""
-    rewards, counts, p_exact, p_hat, tau = out.rewards, out.counts, out.p_exact, out.p_hat, out.tau
+    counts, p_exact, p_hat = out.counts, out.p_exact, out.p_hat
     c = scale_factor(p_exact, counts, settings.delta)
-    successes = np.bincount(np.repeat(np.arange(counts.size), counts), weights=rewards, minlength=counts.size)
-    mixed = (successes > 0) & (successes < counts)
     m = {
-        "train/reward": float(rewards.mean()),
+        **collection_metrics(settings, out.collected, batch),
         "train/loss": float(loss),
-        "alloc/rollouts": int(counts.sum()),
-        "alloc/generated": int(out.generated),
-        "alloc/effective_groups": int(np.count_nonzero(mixed)),
-        "alloc/effective_rollouts": int(counts[mixed].sum()),  # rollouts in groups with mixed rewards
-        "alloc/budget": settings.budget(batch),
-        "alloc/n_min": int(counts.min()),
         "alloc/n_median": float(np.median(counts)),
-        "alloc/n_max": int(counts.max()),
         "alloc/c_min": float(c.min()),
         "alloc/c_mean": float(c.mean()),
         "alloc/c_cv": float(c.std() / max(c.mean(), 1e-12)),
@@ -227,8 +216,6 @@ def step_metrics(settings: MethodSettings, out, loss, batch: int) -> dict:
     if not settings.sampler.stream:  # the step's images are a uniform draw of the training set
         # the expected share of groups of n0 with all-equal rewards: what DS and SARA can save on (DESIGN section 4)
         m["alloc/saturated_share"] = float(np.mean(p_exact**settings.n0 + (1 - p_exact) ** settings.n0))
-    if tau is not None:
-        m["alloc/tau"] = tau
     if p_hat is not None:
         m["phat/mae"] = float(np.abs(p_hat - p_exact).mean())
         # sufficient statistics, so tables can pool Pearson r over an epoch of batches (the paper's Table 3)

@@ -48,6 +48,7 @@ from experiments.imagenet.policy import (
     step_metrics,
 )
 from sera.allocation import scale_factor
+from sera.collect import generation_metrics
 from sera.config import check_group_choices, check_optim, check_run_settings
 from sera.distributed import all_gather
 from sera.estimation import HistoricalEstimator
@@ -254,7 +255,6 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
             prompts = ImagePrompts(stream, model, device)
             labels, collected = sequential_rollouts(settings, prompts, cfg.train.batch_size, sample_gen, predictor)
             chosen = collected.prompts
-            metrics |= {"alloc/generated": collected.rollouts_generated, **collected.metrics}
             metrics |= abandonment_error(collected, prompts.p_true, settings.n0)
             idx, y = torch.from_numpy(prompts.ids[chosen]), torch.from_numpy(prompts.y[chosen])
             x = prompts.images(chosen) if chosen.size else None
@@ -281,7 +281,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
                 if (step - warm) % cfg.eval.grad_cos_every == 0:
                     metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, params))
         else:  # nothing to train on (DS or SARA at their caps on an all-saturated stream): say so and move on
-            metrics["train/skipped_empty"] = 1
+            metrics |= {**generation_metrics(collected), "train/skipped_empty": 1}
 
         optimizer.zero_grad(set_to_none=True)
         if loss is not None and torch.isfinite(loss):
