@@ -133,11 +133,10 @@ reproduce-sara: install ## sequential allocation: uniform GRPO, DS, DPS, SARA, S
 	$(MAZE) scale=maze/cpu_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS)
 	$(PY) -m paper_figures.sara --scale cpu_sara
 
-tables: install ## rebuild the paper tables (runs/ -> paper_figures/out/, tables copied to results/SCALE/), SCALE=cpu|paper
-ifeq ($(SCALE),cpu)
-	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
-endif
-	$(PY) -m paper_figures.report --scale $(SCALE) --results results/$(SCALE)
+# results/SCALE/ holds the measured tables README.md quotes: a committed table is written over only with FORCE (1: every
+# table; or names and folders: FORCE=imagenet-cpu/table2,maze-cpu), which prints each changed cell (paper_figures/guard.py)
+tables: install ## rebuild every table into paper_figures/out/ (REPORT.md) and add new measured ones to results/SCALE/; committed tables are kept (it says why) unless FORCE=1 or FORCE=<table>,... (prints the changed cells)
+	$(PY) -m paper_figures.report --scale $(SCALE) --runs runs --out paper_figures/out --results results/$(SCALE) $(if $(FORCE),--force $(FORCE))
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 
