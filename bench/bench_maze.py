@@ -1,10 +1,16 @@
-"""Rollout throughput of the HF engine: a SERA allocation versus a uniform one at the same budget, and padding waste.
+"""A maze RL step's time, part by part, and the HF engine's two decode paths side by side on the same work.
 
-Run: python -m bench.bench_maze [--model runs/maze-cpu/base_seed-0]. 32 held-out 11x11 mazes, budget 32 x 16 =
-512 rollouts; the SERA counts come from the waterline on p_hat drawn from Beta(0.5, 2) (clipped to [1/16, 15/16]).
-Prints tokens/s for each and their ratio (target: SERA / uniform >= 0.9), the share of padded slots in the
-returned batch, and the cost of scoring a step's rollouts (the task's batched reward, sera.lm_loop.score) against
-generating them. Without --model a randomly initialised maze-1m is used.
+Run: python -m bench.bench_maze [--model runs/maze-cpu/base_seed-0] [--threads 1]. 32 held-out 11x11 mazes, budget
+32 x 16 = 512 rollouts, up to 33 tokens each; the SERA counts come from the waterline on p_hat drawn from
+Beta(0.5, 2) (clipped to [1/16, 15/16]). Prints, from one run:
+- generation tokens/s of the earlier decode path (`decode="dynamic"`: transformers' DynamicCache) and the new one
+  (`decode="static"`: SharedPromptDecoder), uniform and SERA counts, their ratio (issue 16's target: new / old >= 2
+  on one thread), SERA / uniform (target >= 0.9), and how many of the 512 responses the two paths drew differently
+  from the same generator (expected 0: same uniforms, logits equal up to float rounding);
+- the step's split: generate, score (the task's batched reward), log-prob forward + backward of the MaxRL token-mean
+  loss over the rollouts with a nonzero advantage and over all 512 (every group mixed, later in training), and the
+  AdamW update.
+Without --model a randomly initialised maze-1m is used (`make bench` passes the base model when it exists).
 """
 
 from __future__ import annotations
@@ -17,59 +23,103 @@ import torch
 
 from experiments.maze.model import build_model
 from experiments.maze.task import DONE_ID, EVAL_SET, PAD_ID, MazeTask
+from sera.advantages import maxrl
 from sera.allocation import uniform, waterline
 from sera.lm_loop import score
-from sera.rollout import HFEngine
+from sera.losses import pg_loss
+from sera.rollout import HFEngine, response_logprobs
 from sera.threads import set_torch_threads
+
+MAX_NEW_TOKENS = 33
 
 
 def throughput(engine, prompts, counts, repeats: int = 2):
-    """(generated tokens per second, share of padded slots in the (N, T) output, seconds per call, the rollouts)."""
-    best, waste, seconds = 0.0, 0.0, float("inf")
+    """(generated tokens per second, seconds per call, the rollouts of the last call) at the best of `repeats`
+    calls; call r draws from a generator seeded r, so both decode paths see the same seeds."""
+    best, seconds = 0.0, float("inf")
     for r in range(repeats):
         start = time.perf_counter()
-        out = engine.generate(prompts, counts, 33, torch.Generator().manual_seed(r))
+        out = engine.generate(prompts, counts, MAX_NEW_TOKENS, torch.Generator().manual_seed(r))
         elapsed = time.perf_counter() - start
         best, seconds = max(best, float(out.mask.sum()) / elapsed), min(seconds, elapsed)
-        waste = 1 - float(out.mask.float().mean())
-    return best, waste, seconds, out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a saved maze checkpoint (e.g. runs/maze-cpu/base_seed-0)")
-    args = parser.parse_args()
-    threads = set_torch_threads("auto")
-    torch.manual_seed(0)
-    model = build_model("maze-1m", args.model)
-    engine = HFEngine(model, DONE_ID, PAD_ID)
-    task = MazeTask(5, 32)
-    ids, prompts = task.eval_sets()[EVAL_SET]
-    p_hat = np.clip(np.random.default_rng(0).beta(0.5, 2.0, 32), 1 / 16, 15 / 16)
-    sera_counts = waterline(p_hat, 32 * 16, 2, 128)
-    uni_tps, uni_waste, _, _ = throughput(engine, prompts, uniform(32, 16))
-    sera_tps, sera_waste, gen_s, rollouts = throughput(engine, prompts, sera_counts)
-    reward_s = min(timed(lambda: score(task, ids, rollouts)) for _ in range(3))
-    print(f"maze rollouts, 32 mazes x budget 512, {threads} thread(s), model={args.model or 'random maze-1m'}:")
-    print(f"  uniform (16 each):        {uni_tps:8.0f} tokens/s, padded slots {100 * uni_waste:.1f}%")
-    print(
-        f"  SERA (n_i {sera_counts.min()}..{sera_counts.max()}):       {sera_tps:8.0f} tokens/s, "
-        f"padded slots {100 * sera_waste:.1f}%"
-    )
-    print(
-        f"  ratio SERA / uniform: {sera_tps / uni_tps:.2f} (target >= 0.9); finished rows leave the batch as they "
-        "end, so padded slots cost memory in the returned tensor, not decode compute"
-    )
-    print(
-        f"  reward scoring of the step's {len(rollouts.prompt_index)} rollouts (one batched call): "
-        f"{1e3 * reward_s:.1f} ms, {reward_s / gen_s:.3f} of generating them"
-    )
+    return best, seconds, out
 
 
 def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def step_split(model, engine, task, ids, prompts, counts) -> dict:
+    """Seconds of each part of one MaxRL token-mean step on these counts (the loop's own functions)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = {}
+    start = time.perf_counter()
+    rollouts = engine.generate(prompts, counts, MAX_NEW_TOKENS, torch.Generator().manual_seed(0))
+    times["generate"] = time.perf_counter() - start
+    rewards = None
+
+    def reward():
+        nonlocal rewards
+        rewards = score(task, ids, rollouts)
+
+    times["score"] = timed(reward)
+    adv = maxrl(rewards, counts)
+    tokens = float(rollouts.mask.sum())
+
+    def backward(rows: torch.Tensor, advantages: np.ndarray):
+        optimizer.zero_grad(set_to_none=True)
+        sub = rollouts.select(rows)
+        logp = response_logprobs(model, prompts, sub, PAD_ID)
+        adv_t = torch.as_tensor(advantages, dtype=torch.float32)
+        loss = pg_loss(logp, sub.mask, adv_t, aggregation="token-mean", num_rollouts=len(rewards), num_tokens=tokens)
+        loss.backward()
+
+    live = torch.as_tensor(np.flatnonzero(adv))
+    times["live"] = live.numel()
+    times["logprob_live"] = timed(lambda: backward(live, adv[live.numpy()])) if live.numel() else 0.0
+    every = torch.arange(len(rewards))
+    times["logprob_all"] = timed(lambda: backward(every, np.ones(len(rewards))))  # every group mixed
+    times["optimizer"] = timed(optimizer.step)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a saved maze checkpoint (e.g. runs/maze-cpu/base_seed-0)")
+    parser.add_argument("--threads", default="1", help="torch threads: an int, or auto (the idle cores)")
+    args = parser.parse_args()
+    threads = set_torch_threads(args.threads if args.threads == "auto" else int(args.threads))
+    torch.manual_seed(0)
+    model = build_model("maze-1m", args.model)
+    task = MazeTask(5, 32)
+    ids, prompts = task.eval_sets()[EVAL_SET]
+    p_hat = np.clip(np.random.default_rng(0).beta(0.5, 2.0, 32), 1 / 16, 15 / 16)
+    allocations = {"uniform (16 each)": uniform(32, 16), "SERA (waterline)": waterline(p_hat, 32 * 16, 2, 128)}
+    engines = {path: HFEngine(model, DONE_ID, PAD_ID, decode=path) for path in ("dynamic", "static")}
+    print(f"maze rollouts, 32 mazes x budget 512, {threads} thread(s), model={args.model or 'random maze-1m'}:")
+    print("  counts             | old: DynamicCache    | new: SharedPromptDecoder | new / old | drawn differently")
+    rates = {}
+    for label, counts in allocations.items():
+        (old, old_s, old_out), (new, new_s, new_out) = (throughput(engines[p], prompts, counts) for p in engines)
+        differ = int((old_out.tokens != new_out.tokens).any(dim=1).sum())
+        rates[label] = new
+        print(
+            f"  {label:18} | {old:7.0f} tok/s {old_s:5.2f} s | {new:7.0f} tok/s {new_s:5.2f} s     | "
+            f"{new / old:8.2f}x | {differ} of {len(new_out.prompt_index)}"
+        )
+    uni, sera = rates.values()
+    counts = allocations["SERA (waterline)"]
+    print(f"  SERA / uniform (new path): {sera / uni:.2f} (target >= 0.9); n_i {counts.min()}..{counts.max()}")
+    split = step_split(model, engines["static"], task, ids, prompts, counts)
+    total = split["generate"] + split["score"] + split["logprob_live"] + split["optimizer"]
+    print(f"  one MaxRL token-mean step on the SERA counts (new path), {total:.2f} s:")
+    print(f"    generate                              {split['generate']:6.2f} s")
+    print(f"    score (batched reward)                {split['score']:6.3f} s")
+    print(f"    log-prob forward + backward, {split['live']:3d} live {split['logprob_live']:6.2f} s")
+    print(f"    log-prob forward + backward, all 512  {split['logprob_all']:6.2f} s (every group mixed)")
+    print(f"    AdamW update                          {split['optimizer']:6.3f} s")
 
 
 if __name__ == "__main__":

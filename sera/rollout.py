@@ -1,14 +1,19 @@
 """Rollout engines for language-model policies: n_i samples for each prompt i, heterogeneous counts in one call.
 
-`HFEngine` (CPU default) runs transformers models with a KV cache: each prompt is prefilled once, its cache rows are
-repeated n_i times, and finished rows are dropped as they emit the end token. `VLLMEngine` wraps vLLM (GPU machines,
-optional dependency) with a per-request n and a weight sync after every update. `response_logprobs` recomputes the
-sampled responses' log-probs with gradients for the loss, reusing one prompt forward per prompt.
+`HFEngine` (CPU default) runs transformers models with a KV cache: each prompt is prefilled once and its n_i rows
+decode on top of it. For Llama models (maze-1m, tiny-math, SmolLM2) it decodes with `SharedPromptDecoder`: each
+prompt's keys and values are kept once and every row gets a response cache allocated once per call, so no cache is
+copied per step; other models (or `decode="dynamic"`) use transformers' DynamicCache, whose rows are repeated n_i
+times and which grows by concatenation. Both draw the same tokens from the same generator (the same uniforms, in the
+same order, on logits equal up to float rounding). `VLLMEngine` wraps vLLM (GPU machines, optional dependency) with a
+per-request n and a weight sync after every update. `response_logprobs` recomputes the sampled responses' log-probs
+with gradients for the loss, reusing one prompt forward per prompt.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,20 +82,141 @@ def end_token_ids(eos_id: int | Sequence[int]) -> list[int]:
     return [int(eos_id)] if isinstance(eos_id, int | np.integer) else [int(t) for t in eos_id]
 
 
+DECODE_PATHS = ("auto", "static", "dynamic")
+
+
+def static_decode_unsupported(model) -> str | None:
+    """Why `SharedPromptDecoder` cannot decode `model`, or None when it can. It re-runs Llama's decoder layers module
+    by module (the maze and math models, SmolLM2), so it takes a LlamaForCausalLM whose RoPE does not depend on the
+    sequence length."""
+    from transformers import LlamaForCausalLM
+
+    if not isinstance(model, LlamaForCausalLM):
+        return f"{type(model).__name__} is not a LlamaForCausalLM (the layers SharedPromptDecoder re-runs)"
+    rope_type = model.model.rotary_emb.rope_type
+    if not isinstance(rope_type, str) or "dynamic" in rope_type or rope_type == "longrope":
+        return f"RoPE type {rope_type!r} rescales with the sequence length"
+    return None
+
+
+class SharedPromptDecoder:
+    """One decode step at a time for rows that share prompts, with a KV cache allocated once per `generate` call.
+
+    The prompts' keys and values from the prefill, (P, H_kv, L, d) a layer, are kept once per prompt, not per row;
+    every batch row gets a response cache of max_new_tokens slots, (H_kv, B, T, d) a layer. Attention takes one softmax
+    over a row's prompt keys (one matmul per prompt for its rows; left padding masked) and its own response keys.
+    Finished rows stay in the batch, their outputs unused, until `keep` drops them; rows stay sorted by prompt.
+    The layer arithmetic is Llama's (transformers' modeling_llama), on the model's own modules.
+    """
+
+    def __init__(
+        self, model, cache, attn: torch.Tensor, pos: torch.Tensor, prompt_of_row: torch.Tensor, max_new_tokens: int
+    ):
+        """cache: the prefill's DynamicCache of the left-padded prompts (P, L); attn, pos: their attention mask and
+        position ids (P, L); prompt_of_row: (B,) sorted prompt index of each row."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self.rope = apply_rotary_pos_emb
+        self.model = model.model
+        self.lm_head = model.lm_head
+        first = self.model.layers[0].self_attn
+        self.head_dim, self.scaling = first.head_dim, first.scaling
+        self.groups = first.num_key_value_groups  # query heads per key/value head (GQA)
+        self.prompt_k = [layer.keys for layer in cache.layers]  # (P, H_kv, L, d) a layer
+        self.prompt_v = [layer.values for layer in cache.layers]
+        kv_heads = self.prompt_k[0].shape[1]
+        dtype, device = self.prompt_k[0].dtype, self.prompt_k[0].device
+        self.pad_bias = torch.zeros(attn.shape, dtype=dtype, device=device)  # (P, L): 0, or min on left padding
+        self.pad_bias.masked_fill_(attn == 0, torch.finfo(dtype).min)
+        self.next_pos = pos[:, -1] + 1  # (P,) position of each prompt's first response token
+        rows = len(prompt_of_row)
+        shape = (kv_heads, rows, max_new_tokens, self.head_dim)
+        self.resp_k = [torch.empty(shape, dtype=dtype, device=device) for _ in self.prompt_k]
+        self.resp_v = [torch.empty(shape, dtype=dtype, device=device) for _ in self.prompt_k]
+        self._set_rows(prompt_of_row)
+
+    def _set_rows(self, prompt_of_row: torch.Tensor) -> None:
+        self.prompt_of_row = prompt_of_row
+        self.row_bias = self.pad_bias[prompt_of_row][None, :, None, :]  # (1, B, 1, L)
+        prompts, sizes = torch.unique_consecutive(prompt_of_row, return_counts=True)
+        ends = sizes.cumsum(0).tolist()
+        self.segments = list(zip(prompts.tolist(), [0, *ends[:-1]], ends, strict=True))  # (prompt, first, end) rows
+
+    def keep(self, kept: torch.Tensor) -> None:
+        """Compact the batch to rows `kept` (ascending), response caches included."""
+        self.resp_k = [k[:, kept] for k in self.resp_k]
+        self.resp_v = [v[:, kept] for v in self.resp_v]
+        self._set_rows(self.prompt_of_row[kept])
+
+    def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
+        """Logits (B, V) after each row's response token t, `tok` (B,); the caches hold tokens 0..t-1."""
+        x = self.model.embed_tokens(tok)  # (B, D)
+        pos = (self.next_pos[self.prompt_of_row] + t)[:, None]  # (B, 1)
+        cos, sin = self.model.rotary_emb(x[:, None], pos)  # (B, 1, d)
+        for i, layer in enumerate(self.model.layers):
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, i, t)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.model.norm(x))
+
+    def _attention(self, attn, h, cos, sin, i: int, t: int) -> torch.Tensor:
+        rows, d = h.shape[0], self.head_dim
+        q = attn.q_proj(h).view(rows, 1, -1, d).transpose(1, 2)  # (B, H, 1, d)
+        k = attn.k_proj(h).view(rows, 1, -1, d).transpose(1, 2)  # (B, H_kv, 1, d)
+        v = attn.v_proj(h).view(rows, 1, -1, d).transpose(1, 2)
+        q, k = self.rope(q, k, cos, sin)
+        kv_heads = k.shape[1]
+        self.resp_k[i][:, :, t] = k[:, :, 0].transpose(0, 1)
+        self.resp_v[i][:, :, t] = v[:, :, 0].transpose(0, 1)
+        q = q.reshape(rows, kv_heads, self.groups, d).transpose(0, 1).contiguous()  # (H_kv, B, G, d)
+        prompt_k, prompt_v = self.prompt_k[i], self.prompt_v[i]  # (P, H_kv, L, d)
+        width = prompt_k.shape[2]
+        scores = q.new_empty((kv_heads, rows, self.groups, width + t + 1))  # (H_kv, B, G, L + t + 1)
+        for g, a, b in self.segments:  # a prompt's rows against its keys, once
+            part = q[:, a:b].reshape(kv_heads, -1, d) @ prompt_k[g].transpose(1, 2)  # (H_kv, n_g G, L)
+            scores[:, a:b, :, :width] = part.view(kv_heads, b - a, self.groups, width)
+        scores[..., width:] = q @ self.resp_k[i][:, :, : t + 1].transpose(2, 3)  # own responses: (H_kv, B, G, t+1)
+        scores.mul_(self.scaling)
+        scores[..., :width] += self.row_bias
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = weights[..., width:] @ self.resp_v[i][:, :, : t + 1]  # (H_kv, B, G, d)
+        for g, a, b in self.segments:
+            part = weights[:, a:b, :, :width].reshape(kv_heads, -1, width) @ prompt_v[g]  # (H_kv, n_g G, d)
+            out[:, a:b] += part.view(kv_heads, b - a, self.groups, d)
+        return attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
+
+
 class HFEngine:
     """Sampling with a transformers causal LM (temperature, optional top-p, no top-k), KV cache shared by a group.
 
-    The recorded log-probs are those of the temperature-scaled distribution before top-p filtering.
+    The recorded log-probs are those of the temperature-scaled distribution before top-p filtering. decode: "static"
+    (SharedPromptDecoder: Llama models), "dynamic" (transformers' DynamicCache: any causal LM; the earlier engine) or
+    "auto" (static where supported, else dynamic with a warning saying why).
     """
 
-    def __init__(self, model, eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0):
+    def __init__(self, model, eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0, decode: str = "auto"):
         """eos_id: the token that ends a response, or several (e.g. Qwen's <|im_end|> and <|endoftext|>)."""
-        self.model, self.eos_id, self.pad_id, self.temperature = model, eos_id, pad_id, temperature
+        if decode not in DECODE_PATHS:
+            raise ValueError(f"decode must be one of {DECODE_PATHS}, got {decode!r}")
+        self.eos_id, self.pad_id, self.temperature, self.requested = eos_id, pad_id, temperature, decode
         self.end_tokens = torch.as_tensor(end_token_ids(eos_id), dtype=torch.long)
+        self.model = None
+        self.sync_weights(model)
 
     def sync_weights(self, model) -> None:
-        """The engine samples from the training model itself: nothing to copy."""
-        self.model = model
+        """The engine samples from the training model itself: nothing to copy (a new model's decode path is chosen)."""
+        if model is self.model:
+            return
+        self.model, self.decode = model, self.requested
+        if self.requested == "dynamic":
+            return
+        reason = static_decode_unsupported(model)
+        if reason is not None and self.requested == "static":
+            raise ValueError(f'decode="static" cannot run this model: {reason}')
+        if reason is not None:
+            warnings.warn(f"HFEngine decodes with transformers' DynamicCache (slower): {reason}", stacklevel=2)
+            self.decode = "dynamic"
+        else:
+            self.decode = "static"
 
     @torch.no_grad()
     def generate(
@@ -118,18 +244,52 @@ class HFEngine:
         self.model.eval()
         ids, attn, pos = left_pad(prompts, self.pad_id, device)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        decode = self._decode_static if self.decode == "static" else self._decode_dynamic
+        decode(out, attn, pos, rows, (tokens, logprobs, mask), generator, temperature, top_p)
+        self.model.train(was_training)
+        return Rollouts(rows, tokens, mask, logprobs)
+
+    def _sample(self, logits, active, t, outputs, generator, temperature, top_p) -> torch.Tensor:
+        """Draw response token t of rows `active` from their logits (R, V), record it; True where a row goes on.
+        One multinomial over (R, V) a step: both decode paths consume the generator identically."""
+        tokens, logprobs, mask = outputs
+        step_logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        probs = step_logp.exp() if top_p >= 1 else nucleus(step_logp.exp(), top_p)
+        tok = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+        tokens[active, t] = tok
+        logprobs[active, t] = step_logp.gather(1, tok[:, None])[:, 0]
+        mask[active, t] = 1
+        return tok, ~torch.isin(tok, self.end_tokens.to(logits.device))
+
+    def _decode_static(self, out, attn, pos, rows, outputs, generator, temperature, top_p) -> None:
+        """SharedPromptDecoder: finished rows are dropped from the batch once a quarter of it has finished."""
+        max_new_tokens = outputs[0].shape[1]
+        decoder = SharedPromptDecoder(self.model, out.cache, attn, pos, rows, max_new_tokens)
+        logits = out.logits[rows, -1]
+        batch_rows = torch.arange(len(rows), device=rows.device)  # output row of each batch row
+        live = batch_rows.clone()  # batch rows still generating
+        last = torch.zeros_like(rows)  # each batch row's latest token
+        for t in range(max_new_tokens):
+            tok, keep = self._sample(logits, batch_rows[live], t, outputs, generator, temperature, top_p)
+            if t == max_new_tokens - 1 or not keep.any():
+                break
+            last[live] = tok
+            live = live[keep]
+            if 4 * live.numel() <= 3 * batch_rows.numel():
+                decoder.keep(live)
+                batch_rows, last = batch_rows[live], last[live]
+                live = torch.arange(live.numel(), device=live.device)
+            logits = decoder.step(last, t)[live]
+
+    def _decode_dynamic(self, out, attn, pos, rows, outputs, generator, temperature, top_p) -> None:
+        """transformers' DynamicCache: each prompt's cache rows repeated n_i times, finished rows dropped every step."""
+        max_new_tokens, device = outputs[0].shape[1], rows.device
         cache = out.cache
         cache.batch_select_indices(rows)  # each prompt's KV cache repeated n_i times, prefilled once
         logits, attn, next_pos = out.logits[rows, -1], attn[rows], pos[rows, -1] + 1
-        active = torch.arange(num, device=device)  # rows still generating
+        active = torch.arange(rows.numel(), device=device)  # rows still generating
         for t in range(max_new_tokens):
-            step_logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            probs = step_logp.exp() if top_p >= 1 else nucleus(step_logp.exp(), top_p)
-            tok = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
-            tokens[active, t] = tok
-            logprobs[active, t] = step_logp.gather(1, tok[:, None])[:, 0]
-            mask[active, t] = 1
-            keep = ~torch.isin(tok, self.end_tokens.to(device))
+            tok, keep = self._sample(logits, active, t, outputs, generator, temperature, top_p)
             if t == max_new_tokens - 1 or not keep.any():
                 break
             if not keep.all():  # drop finished rows from the batch and the cache
@@ -141,8 +301,6 @@ class HFEngine:
                 input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], cache=cache, use_cache=True
             )
             logits, next_pos = out.logits[:, -1], next_pos + 1
-        self.model.train(was_training)
-        return Rollouts(rows, tokens, mask, logprobs)
 
 
 def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int, temperature: float = 1.0):
