@@ -1,6 +1,7 @@
 """The shared policy-gradient loss and the run directory (refuse, resume, rewind)."""
 
 import json
+import struct
 
 import pytest
 import torch
@@ -54,14 +55,50 @@ def test_rundir_refuses_finished_and_different_and_resumes(tmp_path):
         RunDir(tmp_path / "r", cfg)
 
 
+def wandb_history(run_file) -> list[dict]:
+    """The history rows of an offline wandb run file (run-<id>.wandb): a leveldb-style log of 32 KiB blocks after a
+    7-byte header, each record in chunks (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) holding one
+    protobuf Record."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is not a wandb run file"
+    rows, pos, parts = [], 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            break
+        parts += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item
+                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items})
+    return rows
+
+
 def test_wandb_mirror_offline(tmp_path, monkeypatch):
-    """With wandb enabled (offline), every JSONL record is mirrored into a local wandb run; disabled, nothing is."""
+    """With wandb enabled (offline), every JSONL record is mirrored into a local wandb run, read back here from the
+    run file; disabled, nothing is."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = RunDir(tmp_path / "w", {"method": "sera"}, {"enabled": True, "project": "sera-test", "mode": "offline"})
     run.log(0, {"train/reward": 0.5})
+    run.log(1, {"train/reward": 0.25, "eval/pass@1": 0.125, "phat/moments": [2, 1.0]})
     run.finish()
-    assert list((tmp_path / "w" / "wandb").glob("offline-run-*"))
+    (run_file,) = (tmp_path / "w" / "wandb").glob("offline-run-*/run-*.wandb")
+    history = wandb_history(run_file)
+    assert [{k: v for k, v in row.items() if not k.startswith("_")} for row in history] == [
+        {"step": 0, "train/reward": 0.5},
+        {"step": 1, "train/reward": 0.25, "eval/pass@1": 0.125},  # numbers only: the list stays in the JSONL
+    ]
+    assert [row["_step"] for row in history] == [0, 1]
     quiet = RunDir(tmp_path / "q", {"method": "sera"}, {"enabled": False})
     quiet.log(0, {"train/reward": 0.5})
     assert not (tmp_path / "q" / "wandb").exists()
