@@ -97,9 +97,54 @@ def test_very_long_responses_do_not_raise():
     assert score("\\boxed{" + "{" * 200_000 + "}" * 200_000 + "}", "72") == 0.0
 
 
-def test_pathological_answer_is_stopped_by_the_timeout(monkeypatch):
+def test_pathological_answer_scores_zero(monkeypatch):
     monkeypatch.setattr(grading, "TIMEOUT_S", 1)
     assert score("\\boxed{9^{9^{9^{9}}}}", "4") == 0.0
+
+
+@pytest.fixture
+def fresh_grading_caches():
+    """Grading results are cached by (answer, gold); a test that patches math-verify must not leave its results."""
+    grading._matches.cache_clear()
+    grading._parse_gold.cache_clear()
+    yield
+    grading._matches.cache_clear()
+    grading._parse_gold.cache_clear()
+
+
+@pytest.mark.parametrize("stage", ["parse", "verify"])
+def test_a_slow_grading_stage_is_stopped_by_the_timeout(monkeypatch, fresh_grading_caches, stage):
+    """math-verify's parsing of the answer, or its symbolic comparison, made to take 3 s before giving the right
+    result: with a 1 s timeout the alarm stops it and the answer scores 0; without the timeout it would score 1."""
+    import time
+
+    import math_verify.grader
+    import math_verify.parser
+
+    extract, compare = math_verify.parser.extract_target_from_pred, math_verify.grader.sympy_expr_eq
+    calls, armed = [], []
+
+    def slow(function):
+        def run(*args, **kwargs):
+            calls.append(function.__name__)
+            time.sleep(3)
+            return function(*args, **kwargs)
+
+        return run
+
+    def symbolic_only(pred, *args, **kwargs):  # no string fallback: every comparison goes through sympy_expr_eq
+        found = [x for x in extract(pred, *args, **kwargs) if not isinstance(x, str)]
+        return slow(lambda: found)() if stage == "parse" and armed and "2469134/2" in pred else found  # the answer
+
+    monkeypatch.setattr(math_verify.parser, "extract_target_from_pred", symbolic_only)
+    assert score("\\boxed{2469134/2}", "1234567") == 1.0 and calls == []  # the pair grades as correct
+    grading._matches.cache_clear()
+    armed.append(True)
+    if stage == "verify":
+        monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", slow(compare))
+    monkeypatch.setattr(grading, "TIMEOUT_S", 1)
+    assert score("\\boxed{2469134/2}", "1234567") == 0.0
+    assert calls, f"the slow {stage} stage was never reached"
 
 
 def test_grading_from_another_thread():
