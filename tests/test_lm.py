@@ -493,14 +493,14 @@ def test_vllm_settings_reach_the_engine(monkeypatch):
     needs vLLM: tests/vllm)."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.maze import train as maze_train
+    from sera import lm_study
 
     seen = {}
-    monkeypatch.setattr(maze_train, "VLLMEngine", lambda *args, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(lm_study, "VLLMEngine", lambda *args, **kwargs: seen.update(kwargs))
     configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "configs"))
     with initialize_config_dir(config_dir=configs, version_base=None):
         cfg = compose("maze", ["engine=vllm", "vllm.tensor_parallel_size=4", "vllm.dtype=bfloat16"])
-    maze_train.make_engine(cfg, None, "/models/base")
+    lm_study.make_engine(cfg, None, "/models/base", 1, 0)
     assert seen == {"tensor_parallel_size": 4, "dtype": "bfloat16", "gpu_memory_utilization": 0.3}
 
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,11 +38,9 @@ from experiments.math.model import (
 from experiments.math.prompts import TEMPLATES
 from experiments.math.sft import train_base
 from experiments.math.task import EVAL_ID_BASE, MathTask
-from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
+from sera.lm_study import base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
 from sera.methods import MethodSettings, Study
-from sera.rollout import HFEngine, VLLMEngine
-from sera.runlog import RunDir, finished_summary
 from sera.threads import set_torch_threads
 
 STUDY = Study("math", repeated_prompts=True)  # a finite training set that recurs: the historical p_hat exists
@@ -63,12 +59,7 @@ def family_set_name(family: str) -> str:
 
 def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     """Every cross-field check, before any work starts; nothing is loaded (see `load_problems`, `check_available`)."""
-    settings = MethodSettings.from_config(cfg, STUDY)
-    check_run_settings(cfg)
-    check_optim(cfg.optim)
-    vllm_options(cfg)
-    check_parallel(cfg)
-    loop = LoopSettings.from_config(cfg)
+    settings, loop = validate_lm(cfg, STUDY)
     model, data = cfg.model, cfg.data
     if model.path is None and model.name not in MODELS:
         raise ValueError(f"unknown model.name {model.name!r}; choose from {MODELS} or set model.path")
@@ -106,13 +97,9 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
             raise ValueError(f"evaluation set names {bad} name files: use letters, digits, '.', '_' and '-'")
     if data.eval_limit is not None and data.eval_limit < 1:
         raise ValueError(f"data.eval_limit must be >= 1 or null, got {data.eval_limit}")
-    if cfg.engine not in ("hf", "vllm"):
-        raise ValueError(f"engine must be hf or vllm, got {cfg.engine!r}")
     spec = PRETRAINED.get(model.name)
     if cfg.engine == "vllm" and model.path is None and spec is not None and spec.package is not None:
         raise ValueError(f"engine=vllm cannot load {model.name} (a GGUF file in a wheel): use engine=hf")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
     return settings, loop
 
 
@@ -164,11 +151,7 @@ def load_policy(cfg, base: Path, device: str):
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first  # responses are masked
         source = cfg.model.path or PRETRAINED[cfg.model.name].hub
     model = model.to(device)
-    if cfg.engine == "vllm":
-        engine = VLLMEngine(str(source), eos_id, pad_id, cfg.temperature, cfg.seed, **vllm_options(cfg))
-    else:
-        engine = HFEngine(model, eos_id, pad_id, cfg.temperature)
-    return model, tokenizer, engine, eos_id, pad_id
+    return model, tokenizer, make_engine(cfg, model, source, eos_id, pad_id), eos_id, pad_id
 
 
 def base_config(cfg) -> dict:
@@ -193,11 +176,9 @@ def guess_metrics(train: list[dict], evals: dict[str, list[dict]], ks) -> dict:
 def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: str) -> None:
     """The base (pre-RL) run, the tables' "Base" row, done once and shared: for a from-scratch model, SFT into `path`
     then an evaluation; for a pretrained model, an evaluation of the untouched model. policy() gives the model."""
-    config = base_config(cfg)
-    if finished_summary(path, config) is not None:
-        return
     train, evals, sft = problems
-    with RunDir(path, config) as run_dir:
+
+    def evaluate_base(run_dir):
         metrics, step = {}, 0
         if from_scratch(cfg):
             torch.manual_seed(cfg.seed)
@@ -208,18 +189,16 @@ def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: s
         metrics.update(evaluate_into(run_dir, step, loop, task, engine, torch.Generator().manual_seed(cfg.seed)))
         if cfg.data.family is not None:
             metrics.update(guess_metrics(train + sft, evals, loop.eval_ks))
-        run_dir.log(step, metrics)
-        run_dir.finish({"step": step, **metrics})
+        return step, metrics, {}
+
+    base_run(path, base_config(cfg), evaluate_base)
 
 
 def run(cfg: DictConfig) -> dict:
     """Train one RL run from the shared base model (or resume it) and return the final evaluation."""
     settings, loop = validate(cfg)
     threads = set_torch_threads(cfg.threads)
-    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    root = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / cfg.model.name
-    method = settings.method.name + settings.variant(name_default_source=False)
-    name = cfg.run.name or f"{method}-{settings.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+    device, root = resolve_device(cfg), study_root(cfg, cfg.model.name)
     base = root / f"base_seed-{cfg.seed}"
 
     def prepare():
@@ -233,18 +212,12 @@ def run(cfg: DictConfig) -> dict:
         task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)
         return model, task, engine
 
-    return run_rl(cfg, settings, loop, root / name, prepare, threads)
+    return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads)
 
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-@hydra.main(version_base=None, config_path="../../configs", config_name="math")
-def main(cfg: DictConfig) -> None:
-    final = run(cfg)
+def report(final: dict) -> None:
     print(", ".join(f"{k}={v:.4f}" for k, v in final.items() if "/pass@" in k))
 
 
 if __name__ == "__main__":
-    check_group_choices(CONFIGS, sys.argv[1:])
-    main()
+    lm_main("math", run, report)

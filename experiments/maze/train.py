@@ -10,10 +10,8 @@ The grid of Table 4 is `make reproduce-maze`.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,11 +19,10 @@ from experiments.maze import task as maze
 from experiments.maze.model import PRESETS, build_model
 from experiments.maze.sft import base_config, train_base
 from experiments.maze.task import EVAL_SET, MazeTask
-from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
+from sera.lm_study import base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
 from sera.methods import MethodSettings, Study
-from sera.rollout import HFEngine, VLLMEngine
-from sera.runlog import RunDir, finished_summary
+from sera.rollout import HFEngine
 from sera.threads import set_torch_threads
 
 
@@ -33,14 +30,7 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     """Every cross-field check, before any work starts (the base model included)."""
     pool = cfg.task.pool_size
     name = "maze" if pool is not None else "maze with fresh mazes every step (task.pool_size=N gives a finite pool)"
-    settings = MethodSettings.from_config(
-        cfg, Study(name, repeated_prompts=pool is not None, sequential=pool is not None)
-    )
-    check_run_settings(cfg)
-    check_optim(cfg.optim)
-    vllm_options(cfg)
-    check_parallel(cfg)
-    loop = LoopSettings.from_config(cfg)
+    settings, loop = validate_lm(cfg, Study(name, repeated_prompts=pool is not None, sequential=pool is not None))
     maze.cells_for_grid(cfg.task.grid_size)
     if pool is not None and not 1 <= pool <= maze.HELDOUT_SEED:
         raise ValueError(f"task.pool_size must lie in [1, {maze.HELDOUT_SEED}] or be null, got {pool}")
@@ -48,39 +38,28 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
         raise ValueError(f"unknown model.name {cfg.model.name!r}; choose from {sorted(PRESETS)} or set model.path")
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().exists():
         raise FileNotFoundError(f"model.path {cfg.model.path} does not exist")
-    if cfg.engine not in ("hf", "vllm"):
-        raise ValueError(f"engine must be hf or vllm, got {cfg.engine!r}")
     if cfg.sft.steps < 1 or cfg.sft.batch_size < 1 or not cfg.sft.lr > 0:
         raise ValueError(f"sft.steps and sft.batch_size must be >= 1 and sft.lr > 0, got {dict(cfg.sft)}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
     return settings, loop
-
-
-def make_engine(cfg, model, path: Path):
-    if cfg.engine == "vllm":
-        return VLLMEngine(str(path), maze.DONE_ID, maze.PAD_ID, cfg.temperature, cfg.seed, **vllm_options(cfg))
-    return HFEngine(model, maze.DONE_ID, maze.PAD_ID, cfg.temperature)
 
 
 def ensure_base(cfg, loop: LoopSettings, root: Path, device: str) -> Path:
     """The shared base model: trained (and evaluated) once, reused by every RL run of the same settings."""
     config = {**base_config(cfg), "experiment": "maze-base", "eval": OmegaConf.to_container(cfg.eval)}
     path = root / f"base_seed-{cfg.seed}"
-    if finished_summary(path, config) is not None:
-        return path
-    with RunDir(path, config) as run_dir:
+
+    def train_and_evaluate(run_dir):
         torch.manual_seed(cfg.seed)
         loss = train_base(cfg, path, device)
         model = build_model(cfg.model.name, str(path)).to(device)
-        cells = maze.cells_for_grid(cfg.task.grid_size)
-        task = MazeTask(cells, cfg.eval.num_mazes, cfg.seed)
+        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed)
         engine = HFEngine(model, maze.DONE_ID, maze.PAD_ID, cfg.temperature)
         metrics = evaluate_into(run_dir, cfg.sft.steps, loop, task, engine, torch.Generator().manual_seed(cfg.seed))
         fixed, rate = maze.best_fixed_answer_rate(list(task.eval_grids.values()))
         metrics.update({"train/sft_loss": loss, f"eval/{EVAL_SET}/best_fixed_answer_rate": rate})
-        run_dir.log(cfg.sft.steps, metrics)
-        run_dir.finish({"step": cfg.sft.steps, **metrics, "best_fixed_answer": fixed})
+        return cfg.sft.steps, metrics, {"best_fixed_answer": fixed}
+
+    base_run(path, config, train_and_evaluate)
     return path
 
 
@@ -88,29 +67,17 @@ def run(cfg: DictConfig) -> dict:
     """Train one RL run from the shared base model (or resume it) and return the final evaluation."""
     settings, loop = validate(cfg)
     threads = set_torch_threads(cfg.threads)
-    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    root = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}"
-    method = settings.method.name + settings.variant(name_default_source=False)
-    name = cfg.run.name or f"{method}-{settings.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+    device, root = resolve_device(cfg), study_root(cfg)
 
     def prepare():
         base = ensure_base(cfg, loop, root, device)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.name, str(base)).to(device)
         task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed, cfg.task.pool_size)
-        return model, task, make_engine(cfg, model, base)
+        return model, task, make_engine(cfg, model, base, maze.DONE_ID, maze.PAD_ID)
 
-    return run_rl(cfg, settings, loop, root / name, prepare, threads)
-
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-@hydra.main(version_base=None, config_path="../../configs", config_name="maze")
-def main(cfg: DictConfig) -> None:
-    run(cfg)
+    return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads)
 
 
 if __name__ == "__main__":
-    check_group_choices(CONFIGS, sys.argv[1:])
-    main()
+    lm_main("maze", run)

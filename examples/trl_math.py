@@ -1,0 +1,109 @@
+"""SERA (or MaxRL) through TRL on math problems: the launch script for several GPUs of README "SERA inside TRL".
+
+    # CPU check (the test runs it): a random tiny model on generated chain sums, one step, seconds
+    .venv/bin/python -m examples.trl_math --model tiny-math-smoke --template plain --train chain_sum --prompts 2 \
+        --n0 8 --pilot-m 4 --max-completion-length 16 --steps 1 --cpu
+    # 8 GPUs, DeepSpeed ZeRO-3 (TRL ships the accelerate config), transformers generation (not run here)
+    CONFIGS="$(python -c 'import trl, os; print(os.path.dirname(trl.__file__))')/accelerate_configs"
+    accelerate launch --config_file "$CONFIGS/zero3.yaml" --num_processes 8 -m examples.trl_math \
+        --model Qwen/Qwen2.5-Math-1.5B --template qwen_math --train gsm8k --bf16
+
+The problems come from the math study (`experiments/math/data.py`: a registry slug such as gsm8k kept locally, a
+.jsonl/.parquet file, or a generated family such as chain_sum); the reward is its grading (math-verify on the last
+\\boxed{}, 0 for a completion cut at the length limit). `--vllm server` generates on a `trl vllm-serve` process,
+`--vllm colocate` inside each training process. Settings not given here are GRPOConfig's; the defaults below are
+the MaxRL authors' Qwen settings where the SERA paper is silent (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from experiments.math.data import load_dataset_spec
+from experiments.math.generated import FAMILIES, make_splits
+from experiments.math.grading import score_batch
+from experiments.math.model import FROM_SCRATCH, build_from_scratch, build_tokenizer
+from experiments.math.prompts import TEMPLATES, render
+from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="hub id or local directory; or tiny-math / tiny-math-smoke (random)")
+    p.add_argument("--template", default="chat", choices=sorted(TEMPLATES), help="the prompt (experiments/math)")
+    p.add_argument("--train", default="gsm8k", help="registry slug, .jsonl/.parquet file, or generated family")
+    p.add_argument("--num-train", type=int, default=1024, help="problems of a generated family")
+    p.add_argument("--method", default="sera", choices=METHODS)
+    p.add_argument("--estimator", default=None, choices=["pilot", "history"], help="sera's p_hat (default pilot)")
+    p.add_argument("--pilot-m", type=int, default=None, help="pilots per prompt (default 8 with pilot)")
+    p.add_argument("--n0", type=int, default=16, help="num_generations: rollouts per prompt on average")
+    p.add_argument("--prompts", type=int, default=256, help="B prompts a step, over all processes")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches a step on each process")
+    p.add_argument("--loss-type", default="dapo", help="dapo (token-mean) | dr_grpo (seqnorm) | sera.trl's others")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--grad-clip", type=float, default=0.3)
+    p.add_argument("--max-completion-length", type=int, default=4096)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--vllm", default="none", choices=["none", "server", "colocate"])
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="runs/trl-math")
+    return p.parse_args(argv)
+
+
+def load(a) -> tuple:
+    """(model or hub id, tokenizer or None, problems)."""
+    if a.train in FAMILIES:
+        problems, _ = make_splits(a.train, a.num_train, 1, a.seed)
+    else:
+        problems = load_dataset_spec(a.train)  # FileNotFoundError naming the file and the hub dataset when missing
+    if a.model in FROM_SCRATCH:
+        return build_from_scratch(a.model), build_tokenizer(), problems
+    return a.model, None, problems
+
+
+def main(argv=None) -> SERAGRPOTrainer:
+    from datasets import Dataset
+
+    a = arguments(argv)
+    processes = int(os.environ.get("WORLD_SIZE", 1))
+    rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
+    if rest:
+        raise ValueError(f"B x n0 = {a.prompts} x {a.n0} rows must split evenly over {processes} x {a.grad_accum}")
+    model, tokenizer, problems = load(a)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [render(a.template, p["question"], tokenizer) for p in problems],
+            "answer": [p["answer"] for p in problems],
+            "prompt_id": [p["id"] for p in problems],
+        }
+    )
+
+    def math_verify(completions, answer, completion_ids, **kwargs):
+        cut = [len(ids) >= a.max_completion_length and ids[-1] != tokenizer.eos_token_id for ids in completion_ids]
+        return score_batch(completions, answer, cut).tolist()
+
+    args = SERAGRPOConfig(
+        output_dir=a.output_dir, method=a.method, estimator=a.estimator, pilot_m=a.pilot_m, num_generations=a.n0,
+        per_device_train_batch_size=rows, gradient_accumulation_steps=a.grad_accum, loss_type=a.loss_type,
+        learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=a.grad_clip,
+        max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
+        use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
+        use_cpu=a.cpu, activation_checkpointing=not a.cpu, seed=a.seed, report_to=[], logging_steps=1,
+    )  # fmt: skip
+    trainer = SERAGRPOTrainer(
+        model=model, reward_funcs=math_verify, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.train()
+    return trainer
+
+
+if __name__ == "__main__":
+    main()

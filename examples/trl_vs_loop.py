@@ -1,0 +1,176 @@
+"""SERA through TRL (`sera.trl.SERAGRPOTrainer`) against the suite's own LM loop, on the math CPU task.
+
+    .venv/bin/python -m examples.trl_vs_loop                  # the comparison README quotes (one thread)
+    .venv/bin/python -m examples.trl_vs_loop --scale smoke --steps 2 --trl-seeds 0   # seconds: the test's version
+
+Both start from the same tiny-math base model (the suite's SFT on generated two-term chain sums, trained once into
+the run root) and train SERA with the same settings, read from the math study's config: B problems x n0 rollouts a
+step, 8 pilots inside the budget, the waterline, MaxRL's advantage with the n0 / n_i weight, token-mean loss (TRL's
+`dapo`), AdamW with the same learning rate, betas, warmup and gradient clipping, temperature 1. The suite's loop runs
+through its entry point (`experiments.math.train`, which also trains the base model); the TRL runs train from that
+base checkpoint on the same training problems with the same reward (math-verify). Every model is then evaluated by
+the suite's evaluator on the same held-out problems. What cannot be the same: the random streams (TRL shuffles the
+prompts with its RepeatSampler and samples with `model.generate`; the loop draws its own epoch order and samples
+with its KV-cache engine), and TRL's warmup starts one step lower (lr x k / warmup for k = 0, 1, ...). So TRL runs
+with two seeds from the same base model: their difference is the yardstick for the TRL-minus-loop difference.
+Prints Pass@K of each model and the differences with a question-paired 95% bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments.math.grading import score_batch
+from experiments.math.model import EOS_ID, PAD_ID, build_tokenizer
+from experiments.math.prompts import render
+from experiments.math.task import MathTask
+from experiments.math.train import STUDY, load_problems, run
+from sera.lm_loop import LoopSettings, evaluate
+from sera.methods import MethodSettings
+from sera.passk import pass_at_k
+from sera.rollout import HFEngine
+from sera.runlog import eval_record_file
+from sera.stats import paired_bootstrap_ci
+from sera.threads import set_torch_threads
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+LOSS_TYPE = {"token-mean": "dapo", "seqnorm": "dr_grpo"}  # the suite's aggregation -> TRL's loss type (sera.trl)
+
+
+def math_config(scale: str, root: Path, steps: int | None, seed: int, extra: list[str]):
+    """The math study's config for one SERA run of the suite's loop (evaluated once, at the end)."""
+    overrides = [f"scale=math/{scale}", "method=sera", f"seed={seed}", f"run.root={root}", "threads=1",
+                 "run.if_finished=skip", "progress=false", *extra]  # fmt: skip
+    if steps is not None:
+        overrides.append(f"train.steps={steps}")
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="math", overrides=overrides)
+    cfg.eval.every = int(cfg.train.steps)
+    return cfg
+
+
+def base_dir(cfg) -> Path:
+    return Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / cfg.model.name / f"base_seed-{cfg.seed}"
+
+
+def trl_run(cfg, base: Path, out_dir: Path) -> dict:
+    """SERAGRPOTrainer from the base checkpoint `base` with the run config's settings; its held-out record."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
+
+    settings = MethodSettings.from_config(cfg, STUDY)
+    loop = LoopSettings.from_config(cfg)
+    tokenizer = build_tokenizer()
+    problems = load_problems(cfg)
+    train = problems[0]
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [render(cfg.template, p["question"], tokenizer) for p in train],
+            "answer": [p["answer"] for p in train],
+        }
+    )
+
+    def math_verify(completions, answer, completion_ids, **kwargs):
+        """The suite's reward: math-verify of the last \\boxed{}; a completion cut at the length limit scores 0."""
+        return score_batch(completions, answer, [EOS_ID not in ids for ids in completion_ids]).tolist()
+
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    args = SERAGRPOConfig(
+        output_dir=str(out_dir / "trainer"), method="sera", pilot_m=settings.pilot_m, n_max=settings.n_max,
+        num_generations=cfg.n0, per_device_train_batch_size=loop.batch_size * cfg.n0,
+        loss_type=LOSS_TYPE[settings.aggregation], max_completion_length=loop.max_new_tokens,
+        temperature=loop.temperature, top_p=loop.top_p, max_steps=loop.steps, learning_rate=loop.lr,
+        adam_beta1=loop.betas[0], adam_beta2=loop.betas[1], adam_epsilon=loop.eps, weight_decay=loop.weight_decay,
+        warmup_steps=loop.warmup_steps, lr_scheduler_type="constant_with_warmup", max_grad_norm=loop.grad_clip,
+        seed=cfg.seed, use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], save_strategy="no",
+        logging_steps=max(1, loop.steps // 10), disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = SERAGRPOTrainer(
+        model=model, reward_funcs=math_verify, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    started = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - started
+    task = MathTask(tokenizer, cfg.template, problems, loop.batch_size, cfg.seed, EOS_ID, PAD_ID)
+    engine = HFEngine(trainer.model, EOS_ID, PAD_ID, loop.temperature)
+    metrics, records = evaluate(loop, task, engine, torch.Generator().manual_seed(cfg.seed))
+    result = {"metrics": metrics, "records": records, "train_s": train_s, "log": trainer.state.log_history}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "result.json").write_text(json.dumps(result, default=float) + "\n")
+    return result
+
+
+def loop_record(cfg, final: dict) -> dict:
+    """The suite run's held-out record at its last step (what run() wrote)."""
+    method = MethodSettings.from_config(cfg, STUDY)
+    name = f"{method.method.name}-{method.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+    path = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / cfg.model.name / name
+    (record_name,) = [key.split("/")[1] for key in final if key.endswith("/pass@1")]
+    return json.loads((path / eval_record_file(int(cfg.train.steps), record_name)).read_text())
+
+
+def per_question(record: dict, ks) -> np.ndarray:
+    """(Q, K) Pass@k of each held-out question."""
+    return pass_at_k(record["n"], np.asarray(record["correct"]), ks)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="cpu", help="configs/scale/math/<scale>.yaml (cpu | smoke)")
+    parser.add_argument("--steps", type=int, default=100, help="RL steps (null: the scale's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the base model and of the suite's loop")
+    parser.add_argument("--trl-seeds", default="0,1", help="seeds of the TRL runs, from the same base model")
+    parser.add_argument("--samples", type=int, default=64, help="evaluation samples a held-out problem")
+    parser.add_argument("--root", default="runs/trl-vs-loop", help="where the base model and the runs go")
+    parser.add_argument("override", nargs="*", help="more math config overrides, e.g. train.batch_size=16")
+    a = parser.parse_args(argv)
+    set_torch_threads(1)
+    root = Path(a.root)
+    cfg = math_config(a.scale, root, a.steps, a.seed, [f"eval.samples={a.samples}", *a.override])
+    cfg.eval.ks = [k for k in cfg.eval.ks if k <= a.samples]
+    ks = list(cfg.eval.ks)
+    started = time.perf_counter()
+    final = run(cfg)  # the base model (trained once) and the suite's SERA run, evaluated at the end
+    loop_s = time.perf_counter() - started
+    rows = {f"suite loop, seed {a.seed}": per_question(loop_record(cfg, final), ks)}
+    base = base_dir(cfg)
+    train_s = {}
+    for seed in [int(s) for s in a.trl_seeds.split(",")]:
+        cfg.seed = seed  # the TRL run's own seed (prompt order, sampling); its base model is the loop's
+        result = trl_run(cfg, base, root / "trl" / f"seed-{seed}")
+        rows[f"SERAGRPOTrainer, seed {seed}"] = per_question(next(iter(result["records"].values())), ks)
+        train_s[seed] = result["train_s"]
+    summary = json.loads((base / "DONE").read_text())
+    print(f"\nSERA, {cfg.train.batch_size} problems x n0 = {cfg.n0}, {cfg.train.steps} steps, held-out Pass@k in %:")
+    print("| model | " + " | ".join(f"Pass@{k}" for k in ks) + " |")
+    print("|---" * (len(ks) + 1) + "|")
+    base_row = [next(v for key, v in summary.items() if key.endswith(f"/pass@{k}")) for k in ks]
+    print("| base model | " + " | ".join(f"{100 * v:.2f}" for v in base_row) + " |")
+    for name, scores in rows.items():
+        print(f"| {name} | " + " | ".join(f"{100 * v:.2f}" for v in scores.mean(axis=0)) + " |")
+    names = list(rows)
+    pairs = [(trl, names[0]) for trl in names[1:]]  # each TRL run minus the loop, then TRL's seed-to-seed spread
+    pairs += [(names[2], names[1])] if len(names) > 2 else []
+    print("\nDifferences, pp [question-paired 95% bootstrap over the held-out problems]:")
+    print("| difference | " + " | ".join(f"Pass@{k}" for k in ks) + " |")
+    print("|---" * (len(ks) + 1) + "|")
+    for a_name, b_name in pairs:
+        ci = paired_bootstrap_ci(rows[a_name], rows[b_name])
+        cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
+        print(f"| {a_name} minus {b_name} | " + " | ".join(cells) + " |")
+    times = ", ".join(f"TRL seed {s} {t:.0f} s" for s, t in train_s.items())
+    print(f"\nWall time: the suite's loop {loop_s:.0f} s (with its evaluation, and the base model if new); {times}")
+
+
+if __name__ == "__main__":
+    main()

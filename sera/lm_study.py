@@ -1,0 +1,93 @@
+"""The kit a language-model study's entry point is built from: what the maze and math entry points share.
+
+A study supplies its task (a `sera.lm_loop.Task`), its model, its own checks, and a `prepare()` that returns
+(model, task, engine); the kit gives the checks every LM config shares (`validate_lm`), the device, the run folder
+and name, the rollout engine (`make_engine`), the base (pre-RL) model's run done once and shared (`base_run`), and
+the Hydra entry (`lm_main`). Its configs compose configs/lm.yaml (and through it configs/base.yaml), so a study's
+config file holds only what differs. `tests/test_lm_study.py` builds a toy study in about 40 lines this way;
+experiments/maze/train.py is the worked example.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
+from sera.lm_loop import LoopSettings
+from sera.methods import MethodSettings, Study
+from sera.rollout import HFEngine, VLLMEngine
+from sera.runlog import RunDir, finished_summary
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ENGINES = ("hf", "vllm")
+
+
+def validate_lm(cfg, study: Study) -> tuple[MethodSettings, LoopSettings]:
+    """The checks every LM study's config needs (method, run, optimizer, vLLM, parallelism, loop settings, engine,
+    device), before any work starts. The study adds its own after this."""
+    settings = MethodSettings.from_config(cfg, study)
+    check_run_settings(cfg)
+    check_optim(cfg.optim)
+    vllm_options(cfg)
+    check_parallel(cfg)
+    loop = LoopSettings.from_config(cfg)
+    if cfg.engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {cfg.engine!r}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
+    return settings, loop
+
+
+def resolve_device(cfg) -> str:
+    """'cuda' when asked for, or when auto finds one; else 'cpu'."""
+    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def study_root(cfg, *parts: str) -> Path:
+    """runs/<experiment>-<scale>[/parts]: the folder of a study's runs at one scale."""
+    return Path(cfg.run.root, f"{cfg.experiment}-{cfg.scale_name}", *parts)
+
+
+def run_name(cfg, settings: MethodSettings) -> str:
+    """<method>[variant]-<aggregation>_n0-<n0>_seed-<seed>, or run.name when set."""
+    method = settings.method.name + settings.variant(name_default_source=False)
+    return cfg.run.name or f"{method}-{settings.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+
+
+def make_engine(cfg, model, source, eos_id, pad_id):
+    """The rollout engine the config asks for: HFEngine over `model`, or VLLMEngine loading `source` (a checkpoint
+    directory or a hub name; the trainer syncs its weights after every update)."""
+    if cfg.engine == "vllm":
+        return VLLMEngine(str(source), eos_id, pad_id, cfg.temperature, cfg.seed, **vllm_options(cfg))
+    return HFEngine(model, eos_id, pad_id, cfg.temperature)
+
+
+def base_run(path: Path, config: dict, body: Callable[[RunDir], tuple[int, dict, dict]]) -> None:
+    """The base (pre-RL) model's run, done once and shared by every RL run of the same settings: nothing when `path`
+    holds a finished run of `config` (a different config is refused); else body(run_dir) -> (step, metrics,
+    summary extras) is logged and the run finished."""
+    if finished_summary(path, config) is not None:
+        return
+    with RunDir(path, config) as run_dir:
+        step, metrics, extra = body(run_dir)
+        run_dir.log(step, metrics)
+        run_dir.finish({"step": step, **metrics, **extra})
+
+
+def lm_main(config_name: str, run: Callable[[DictConfig], dict], report: Callable[[dict], None] | None = None):
+    """The command-line entry of a study: check the method= and scale= choices (a clear list of the valid ones),
+    then Hydra runs `run` on the composed config (or on each config of a --multirun sweep)."""
+    check_group_choices(CONFIGS, sys.argv[1:])
+
+    def main(cfg: DictConfig) -> None:
+        final = run(cfg)
+        if report is not None:
+            report(final)
+
+    hydra.main(version_base=None, config_path=str(CONFIGS), config_name=config_name)(main)()

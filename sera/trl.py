@@ -1,0 +1,464 @@
+"""SERA and MaxRL inside TRL: `SERAGRPOTrainer`, a `trl.GRPOTrainer` (trl 1.16) that allocates rollouts per prompt.
+
+A researcher swaps the trainer and the config class and keeps the rest of a GRPO script (README "SERA inside TRL"):
+
+    from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
+    args = SERAGRPOConfig(output_dir="out", num_generations=16, pilot_m=8, loss_type="dapo", beta=0.0)
+    trainer = SERAGRPOTrainer(model=model, reward_funcs=binary_reward, args=args, train_dataset=dataset)
+    trainer.train()
+
+How a step works (shared/DESIGN.md sections 1-3, 6). `num_generations` keeps meaning n0: TRL's sampler hands the
+step B prompts x n0 copies, so the budget is B x n0 completions as TRL counts it. Those copies are slots, not groups.
+The step is the suite's own collection step (`sera.collect.collect`) over a draw callback that generates with TRL's
+own generation path: for SERA, m pilots of each prompt, p_hat and the waterline allocation of the B x n0 budget, then
+the remaining n_i - m of each group; for MaxRL, n0 of each prompt at once (TRL's own layout). Every draw is split
+evenly across the processes, so each keeps B x n0 / P rows (TRL's gathers need equal shapes) while a prompt's group
+may span processes: the rows are relabelled in place with the prompt each one belongs to, and the rewards of a draw
+are gathered before the next. Advantages are computed on the true groups by `sera.advantages` (MaxRL), times SERA's
+multiplicity weight n0 / n_i, and folded into TRL's per-row advantage; TRL's loss then gives the suite's
+aggregation for the supported loss types (`LOSS_AGGREGATION`). TRL's group statistics (`frac_reward_zero_std`, the
+logged advantages) are recomputed on the true groups, and the step logs the suite's `alloc/*` metrics (budget, the
+counts' range, p_hat's range, the waterline level tau).
+
+The trainer overrides private methods of GRPOTrainer (`_generate`, `_calculate_rewards`,
+`_generate_and_score_completions`), which change in most minor TRL releases, so it refuses any TRL but 1.16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import trl
+from accelerate.utils import gather, gather_object
+from omegaconf import OmegaConf
+from trl import GRPOConfig, GRPOTrainer
+
+from sera.advantages import ADVANTAGES
+from sera.allocation import scale_factor
+from sera.collect import advantages_and_weights, collect, collection_metrics
+from sera.estimation import P_HI, P_LO, HistoricalEstimator
+from sera.methods import MethodSettings, Study
+
+TESTED_TRL = "1.16."  # the TRL minor version whose private methods this module overrides
+STUDY = Study("trl", estimators=("none", "pilot", "history"), repeated_prompts=True, sequential=False)
+METHODS = ("sera", "maxrl")  # the registry rows this trainer runs (sera.methods.METHODS)
+
+# TRL loss type -> the suite's aggregation (sera.losses) its normalisation equals, on the step's rows. A per-row
+# weight folded into the advantage is exact for the policy term of each (linear in A; clipping and masking depend
+# only on the sign of A, which a positive weight keeps).
+LOSS_AGGREGATION = {
+    "dapo": "token-mean",  # sum over the generation batch's tokens / its token count
+    "cispo": "token-mean",  # with epsilon_high >= 1: its cap then leaves the on-policy ratio 1 alone
+    "vespo": "token-mean",  # its gamma weight phi(w) is 1 on-policy
+    "dr_grpo": "seqnorm",  # sum over tokens / (rows x max_completion_length)
+    "grpo": "seq-mean-token-mean",  # each row's token mean, averaged over rows
+    "sapo": "seq-mean-token-mean",
+}
+UNSUPPORTED_LOSSES = {
+    "bnpo": "it divides by the token count of each micro-batch on each process, so a token's weight depends on how "
+    "the rows fall into micro-batches and processes (the suite's token-mean only with one of each); use dapo",
+    "luspo": "it sums each row's tokens without a length constant: the suite's seqnorm times max_completion_length; "
+    "use dr_grpo",
+}
+# TRL's completion-length metrics, appended once per generation: recomputed over the step's draws together
+LENGTH_METRICS = (
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
+
+
+@dataclass
+class SERAGRPOConfig(GRPOConfig):
+    """GRPOConfig plus SERA's settings; `num_generations` is n0 and `loss_type` picks the aggregation."""
+
+    method: str = field(
+        default="sera",
+        metadata={"help": "sera (waterline allocation, MaxRL advantage, n0 / n_i weights) | maxrl (n0 each)"},
+    )
+    estimator: str | None = field(
+        default=None, metadata={"help": "p_hat source for sera: pilot | history (null: pilot for sera, none for maxrl)"}
+    )
+    pilot_m: int | None = field(
+        default=None, metadata={"help": "pilots per prompt, reused inside the budget (null: 8 with estimator=pilot)"}
+    )
+    n_min: int | None = field(default=None, metadata={"help": "fewest rollouts of a prompt (null: max(2, pilot_m))"})
+    n_max: int | None = field(default=None, metadata={"help": "most rollouts of a prompt (null: 8 x n0)"})
+    p_lo: float = field(default=P_LO, metadata={"help": "p_hat clipping range, low end"})
+    p_hi: float = field(default=P_HI, metadata={"help": "p_hat clipping range, high end"})
+    keep_cv_on_zero: bool = field(
+        default=False, metadata={"help": "MaxRL: keep the control variate on all-fail groups (delta = 0)"}
+    )
+    multiplicity_correction: bool | None = field(
+        default=None, metadata={"help": "SERA: weight each rollout by n0 / n_i (null: on for sera)"}
+    )
+    prompt_id_column: str = field(
+        default="prompt_id", metadata={"help": "estimator=history: the dataset column that identifies a prompt"}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.sera_settings()  # every SERA setting checked when the config is made
+
+    def sera_settings(self) -> MethodSettings:
+        """The suite's method settings (sera.methods) of this config, every cross-field rule checked."""
+        if self.method not in METHODS:
+            raise ValueError(f"SERAGRPOConfig.method={self.method!r}; choose from {METHODS}")
+        if self.loss_type in UNSUPPORTED_LOSSES:
+            raise ValueError(f"loss_type={self.loss_type!r} is not supported: {UNSUPPORTED_LOSSES[self.loss_type]}")
+        if self.loss_type not in LOSS_AGGREGATION:
+            raise ValueError(f"unknown loss_type {self.loss_type!r}; supported: {sorted(LOSS_AGGREGATION)}")
+        cispo_cap = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+        if self.loss_type == "cispo" and cispo_cap < 1:
+            raise ValueError(
+                f"loss_type='cispo' with epsilon_high={cispo_cap} < 1 caps even the on-policy ratio 1, scaling every "
+                "token's gradient by epsilon_high (not the suite's token-mean); set epsilon_high >= 1 (CISPO's own "
+                "setting is about 5)"
+            )
+        cfg = OmegaConf.create(
+            {
+                "n0": self.num_generations,
+                "method": {
+                    "name": self.method, "estimator": self.estimator, "pilot_m": self.pilot_m, "p_lo": self.p_lo,
+                    "p_hi": self.p_hi, "multiplicity_correction": self.multiplicity_correction,
+                    "keep_cv_on_zero": self.keep_cv_on_zero, "pkpo_k": 16,
+                    "aggregation": LOSS_AGGREGATION[self.loss_type],
+                },
+                "alloc": {"n_min": self.n_min, "n_max": self.n_max, "delta": None},
+            }
+        )  # fmt: skip
+        return MethodSettings.from_config(cfg, STUDY)
+
+
+@dataclass
+class SeraStep:
+    """What the last training generation decided, over the global batch (B prompts, N = B x n0 rows)."""
+
+    counts: np.ndarray  # (B,) rollouts of each prompt (sum B x n0)
+    p_hat: np.ndarray | None  # (B,) the estimate the waterline used; None for maxrl (and history's first step)
+    tau: float | None  # SERA's continuous waterline level
+    group: np.ndarray  # (N,) the prompt (0..B-1) of each row, rows in TRL's order (process 0's rows first)
+    rewards: np.ndarray  # (N,) binary reward of each row, same order
+    advantages: np.ndarray  # (N,) MaxRL advantage of each row on its true group, same order
+    weights: np.ndarray  # (N,) multiplicity weight n0 / n_i (1 without the correction), same order
+    rewards_per_func: torch.Tensor  # (N, F) TRL's gathered rewards per reward function, same order
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        """(N,) advantage x weight: what TRL's loss multiplies each row's log-probability by."""
+        return self.advantages * self.weights
+
+
+@dataclass
+class _Draw:
+    """One generation call of a step: this process's rows of it, what TRL generated and the gathered rewards."""
+
+    share: int  # rows of this draw on every process
+    inputs: list  # this process's dataset rows, one per completion
+    prompts: list
+    generated: tuple  # GRPOTrainer._generate's return value for this process's rows
+    rewards_per_func: torch.Tensor  # (share x P, F) gathered, in the draw's grouped order
+
+
+class SERAGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer with SERA's per-prompt rollout allocation (or MaxRL's uniform one) and MaxRL's advantage.
+
+    Takes GRPOTrainer's arguments with a `SERAGRPOConfig`. Everything that cannot work is refused before the model
+    is loaded: another TRL version, an unsupported loss type, tools / environments / rollout_func (multi-turn
+    completions have no single binary outcome per rollout slot), reward models and normalize_then_sum (the reward
+    must be binary), a KL or entropy term with the multiplicity correction (the weight n0 / n_i would not reach it),
+    images, and a pilot round that cannot be split evenly across the processes. `last_step` holds the last
+    training generation's allocation (`SeraStep`).
+    """
+
+    def __init__(self, *args, **kwargs):
+        bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        config = given["args"]
+        if not isinstance(config, SERAGRPOConfig):
+            raise TypeError(f"SERAGRPOTrainer needs args=SERAGRPOConfig(...), got {type(config).__name__}")
+        settings = config.sera_settings()
+        check_supported(config, settings, given)
+        self.sera = settings
+        self.last_step: SeraStep | None = None
+        self._history, self._history_index = None, None
+        if settings.estimator == "history":
+            column = given["train_dataset"][config.prompt_id_column]
+            self._history_index = {value: i for i, value in enumerate(dict.fromkeys(column))}
+            self._history = HistoricalEstimator(len(self._history_index), settings.p_lo, settings.p_hi)
+        self._batch: list | None = None  # the local generation batch being generated (relabelled in place)
+        self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients) of the batch
+        self._eval_rewards: torch.Tensor | None = None
+        super().__init__(*args, **kwargs)
+
+    # -----------------------------------------------------------------------------------------------------------
+    # The step: TRL calls _generate_and_score_completions, which calls _generate, then _calculate_rewards.
+    # -----------------------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return self._evaluation_batch(inputs)
+        self._batch = inputs
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._batch = None
+        step, local, metrics = self._draw_record
+        self._draw_record = None
+        # SERA: MaxRL's advantage on the true groups times the multiplicity weight n0 / n_i, per row
+        output["advantages"] = torch.as_tensor(local, dtype=torch.float32, device=self.accelerator.device)
+        self._log_step(step, metrics)
+        return output
+
+    def _generate(self, prompts: list):
+        if not self.model.training:
+            return super()._generate(prompts)
+        inputs = self._batch
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        n0 = self.num_generations
+        rows = gather_object(list(inputs))  # the global generation batch: B prompts x n0 copies
+        groups = rows[::n0]
+        batch = len(groups)
+        for i, first in enumerate(groups):
+            if any(rows[i * n0 + j]["prompt"] != first["prompt"] for j in range(n0)):
+                raise RuntimeError(
+                    f"the generation batch does not hold each prompt {n0} times in a row (TRL's RepeatSampler "
+                    f"layout); SERAGRPOTrainer relies on it (row {i * n0})"
+                )
+        base_generate, base_rewards = super()._generate, super()._calculate_rewards
+        draws: list[_Draw] = []
+        lengths_before = {key: len(self._metrics["train"][key]) for key in LENGTH_METRICS}
+
+        def draw(counts: np.ndarray):  # counts (B,) more rollouts of each prompt, split evenly across processes
+            jobs = np.repeat(np.arange(batch), counts)  # (J,) the prompt of each new rollout, grouped
+            share = jobs.size // world
+            if share == 0:
+                return None, np.zeros(0)
+            mine = [dict(groups[i]) for i in jobs[rank * share : (rank + 1) * share]]
+            mine_prompts = [x["prompt"] for x in mine]
+            with self._one_generation_per_row():  # vLLM server mode: every row its own request
+                generated = base_generate(mine_prompts)
+            per_func = base_rewards(mine, mine_prompts, generated[3], generated[1])  # (J, F), gathered
+            draws.append(_Draw(share, mine, mine_prompts, generated, per_func))
+            return None, self._binary(per_func)
+
+        ids = None
+        if self._history is not None:
+            ids = self._history_ids(groups)
+        p_hat_source = (
+            (lambda: self._history.estimate(ids) if self._history.has_data else None) if ids is not None else None
+        )
+        collected = collect(self.sera, batch, draw, p_hat_source)
+        if self._history is not None:
+            self._history.update(ids, collected.successes, collected.counts)
+
+        # The rows of the step in TRL's order: process r holds its share of every draw, draws in call order.
+        offsets = np.cumsum([0] + [d.share * world for d in draws])
+        final_jobs = np.concatenate(
+            [offsets[k] + np.arange(r * d.share, (r + 1) * d.share) for r in range(world) for k, d in enumerate(draws)]
+        )
+        grouped_jobs = collected.order if collected.order is not None else np.arange(offsets[-1])
+        # SERA: MaxRL's advantage on the true groups and the multiplicity weight n0 / n_i, as the suite computes them
+        advantages, weights = advantages_and_weights(self.sera, collected)
+        by_job = np.empty((4, offsets[-1]))  # group, reward, advantage, weight of each job (draw order)
+        by_job[:, grouped_jobs] = np.stack([collected.rows, collected.rewards, advantages, weights])
+        by_job = by_job[:, final_jobs]
+        per_func = torch.cat([d.rewards_per_func for d in draws])[torch.as_tensor(final_jobs)]
+        step = SeraStep(
+            collected.counts, collected.p_hat, collected.tau, by_job[0].astype(np.int64), by_job[1], by_job[2],
+            by_job[3], per_func,
+        )  # fmt: skip
+        local = slice(rank * len(inputs), (rank + 1) * len(inputs))
+        self._draw_record = (step, step.coefficients[local], collection_metrics(self.sera, collected, batch))
+        self.last_step = step
+
+        # Relabel this process's rows in place: TRL's caller scores and logs these lists after _generate returns.
+        inputs[:] = [x for d in draws for x in d.inputs]
+        prompts[:] = [p for d in draws for p in d.prompts]
+        merged = tuple(_concat([d.generated[k] for d in draws]) for k in range(len(draws[0].generated)))
+        self._relog_lengths(lengths_before, merged[1])
+        return merged
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if not self.model.training:
+            self._eval_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            return self._eval_rewards
+        step = self._draw_record[0]  # scored draw by draw inside _generate; here in TRL's row order
+        return step.rewards_per_func
+
+    # -----------------------------------------------------------------------------------------------------------
+    # Helpers
+    # -----------------------------------------------------------------------------------------------------------
+    def _binary(self, rewards_per_func: torch.Tensor) -> np.ndarray:
+        """The weighted sum of the reward functions (N,), checked binary: MaxRL and p_hat count successes."""
+        if torch.isnan(rewards_per_func).all(dim=1).any():
+            raise ValueError("a completion got no reward (every reward function returned None); SERA needs 0 or 1")
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        rewards = rewards.double().cpu().numpy()
+        bad = np.unique(rewards[(rewards != 0) & (rewards != 1)])
+        if bad.size:
+            raise ValueError(
+                f"SERA and MaxRL need a binary reward (the weighted sum of the reward functions must be 0 or 1 for "
+                f"every completion: MaxRL's advantage and p_hat count successes); got {bad[:5].tolist()}"
+            )
+        return rewards
+
+    def _history_ids(self, groups: list) -> np.ndarray:
+        column = self.args.prompt_id_column
+        try:
+            return np.array([self._history_index[g[column]] for g in groups], dtype=np.int64)
+        except KeyError as err:
+            raise KeyError(f"prompt id {err} (column {column!r}) is not in the training dataset") from None
+
+    @contextlib.contextmanager
+    def _one_generation_per_row(self):
+        """num_generations = 1 while a draw generates: vLLM's server mode would otherwise take every n0-th row as
+        a prompt and sample n0 of each; colocate mode and transformers ignore it. Prefix caching absorbs repeats."""
+        n0 = self.num_generations
+        self.num_generations = 1
+        try:
+            yield
+        finally:
+            self.num_generations = n0
+
+    def _relog_lengths(self, before: dict, completion_ids: list) -> None:
+        """Replace the per-draw completion-length metrics TRL appended by their values over the whole step."""
+        for key, size in before.items():
+            del self._metrics["train"][key][size:]
+        device = self.accelerator.device
+        lengths = gather(torch.tensor([len(ids) for ids in completion_ids], device=device)).float()
+        ends = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+        truncated = gather(torch.tensor([ids[-1] not in ends for ids in completion_ids], device=device))
+        ended = lengths[~truncated] if (~truncated).any() else torch.zeros(1, device=device)
+        values = (lengths.mean(), lengths.min(), lengths.max(), truncated.float().mean(), ended.mean(), ended.min(),
+                  ended.max())  # fmt: skip
+        for key, value in zip(LENGTH_METRICS, values, strict=True):
+            self._metrics["train"][key].append(value.item())
+
+    def _log_step(self, step: SeraStep, collected: dict) -> None:
+        """The suite's collection metrics (alloc/*: budget, counts' range, mixed groups, tau) and p_hat's range, and
+        TRL's group statistics recomputed on the true groups."""
+        metrics = self._metrics["train"]
+        successes = np.bincount(step.group, weights=step.rewards, minlength=step.counts.size)
+        all_equal = (successes == 0) | (successes == step.counts)  # zero reward std within the group
+        metrics["frac_reward_zero_std"][-1] = float(all_equal[step.group].mean())
+        logged = self._logs["advantages"]
+        for _ in range(step.group.size):
+            logged.pop()
+        logged.extend(step.coefficients.tolist())
+        extra = {}
+        if step.p_hat is not None:
+            extra = {"alloc/p_hat_mean": step.p_hat.mean(), "alloc/p_hat_min": step.p_hat.min(),
+                     "alloc/p_hat_max": step.p_hat.max(),
+                     "alloc/c_min_phat": scale_factor(step.p_hat, step.counts, self.sera.delta).min()}  # fmt: skip
+        for key, value in (collected | extra).items():
+            if key != "train/reward":  # TRL logs it as `reward`
+                metrics[key].append(float(value))
+
+    def _evaluation_batch(self, inputs):
+        """Evaluation keeps TRL's uniform groups (num_generations_eval each); its loss uses MaxRL's advantage."""
+        output = super()._generate_and_score_completions(inputs)
+        rewards = self._binary(self._eval_rewards)
+        size = self.num_generations_eval
+        s = self.sera
+        advantages = ADVANTAGES[s.method.advantage](rewards, np.full(rewards.size // size, size), **s.adv_kwargs)
+        rank, local = self.accelerator.process_index, len(inputs)
+        output["advantages"] = torch.as_tensor(
+            advantages[rank * local : (rank + 1) * local], dtype=torch.float32, device=self.accelerator.device
+        )
+        self._eval_rewards = None
+        return output
+
+    # -----------------------------------------------------------------------------------------------------------
+    # The historical p_hat lives across steps: saved with each checkpoint and loaded on resume.
+    # -----------------------------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._history is not None and self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = f"{self._get_output_dir(trial=trial)}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            state = self._history.state_dict()
+            np.savez(f"{folder}/{HISTORY_FILE}", last_rate=state["last_rate"], total=np.asarray(state["total"]))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self._history is not None and checkpoint is not None:
+            with np.load(f"{checkpoint}/{HISTORY_FILE}") as saved:
+                successes, rollouts = saved["total"]
+                self._history.load_state_dict({"last_rate": saved["last_rate"], "total": (successes, int(rollouts))})
+
+
+HISTORY_FILE = "sera_history.npz"
+
+
+def check_supported(config: SERAGRPOConfig, settings: MethodSettings, given: dict) -> None:
+    """Every reason the trainer cannot run this setup, raised before GRPOTrainer loads anything."""
+    if not trl.__version__.startswith(TESTED_TRL):
+        raise RuntimeError(
+            f"SERAGRPOTrainer overrides private methods of GRPOTrainer as of trl {TESTED_TRL}x; found trl "
+            f"{trl.__version__} (pin trl==1.16.0, or check sera/trl.py against the new version and its tests)"
+        )
+    if given["tools"] or given["environment_factory"] is not None or given["rollout_func"] is not None:
+        raise ValueError(
+            "SERAGRPOTrainer does not support tools, environment_factory or rollout_func: it generates each prompt's "
+            "rollouts in two rounds through TRL's single-turn generation and needs one binary reward per completion"
+        )
+    funcs = given["reward_funcs"]
+    for func in funcs if isinstance(funcs, list) else [funcs]:
+        if isinstance(func, str | torch.nn.Module):
+            raise ValueError(
+                "SERAGRPOTrainer needs binary rewards from reward functions; a reward model gives a continuous score"
+            )
+    if config.multi_objective_aggregation != "sum_then_normalize":
+        raise ValueError(
+            "multi_objective_aggregation='normalize_then_sum' makes the reward non-binary; use the default"
+        )
+    if settings.multiplicity_correction and (
+        config.beta != 0 or config.entropy_coef != 0 or config.use_adaptive_entropy
+    ):
+        raise ValueError(
+            "beta (KL) and entropy bonuses are not supported with SERA's multiplicity correction: the weight n0 / n_i "
+            "is folded into the advantage and would not reach them; set beta=0 and entropy_coef=0"
+        )
+    dataset = given["train_dataset"]
+    columns = getattr(dataset, "column_names", None) or []
+    if {"image", "images"} & set(columns):
+        raise ValueError("SERAGRPOTrainer does not support image inputs")
+    world = config.world_size
+    prompts = config.generation_batch_size // config.num_generations  # B
+    if settings.estimator == "pilot" and (prompts * settings.pilot_m) % world:
+        raise ValueError(
+            f"the pilot round of B x m = {prompts} x {settings.pilot_m} completions cannot be split evenly across "
+            f"{world} processes (TRL's gathers need equal shares); choose B or pilot_m so that P divides B x m"
+        )
+    if settings.estimator == "history":
+        if config.prompt_id_column not in columns:
+            raise ValueError(
+                f"estimator=history needs a dataset column {config.prompt_id_column!r} identifying each prompt "
+                f"(prompt_id_column); the dataset has {columns}"
+            )
+        if config.remove_unused_columns:
+            raise ValueError("estimator=history reads the prompt id column: set remove_unused_columns=False")
+
+
+def _concat(parts: list):
+    """One draw-by-draw field of GRPOTrainer._generate's return value, concatenated over the step's draws."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        if any(parts):
+            raise ValueError("extra fields from generation are not supported (rollout_func)")
+        return {}
+    if isinstance(first, list):
+        return [x for part in parts for x in part]
+    raise TypeError(f"unexpected generation output of type {type(first).__name__}")

@@ -1,0 +1,254 @@
+"""SERAGRPOTrainer (sera/trl.py): SERA and MaxRL inside TRL's GRPOTrainer, checked step by step on a toy task
+(tests/trl_toy.py) in one process and in two (torchrun, gloo), plus the README example and the comparison script."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import trl
+from trl import GRPOConfig, GRPOTrainer
+
+from sera.advantages import maxrl
+from sera.allocation import waterline
+from sera.trl import HISTORY_FILE, SERAGRPOConfig, SERAGRPOTrainer
+from tests import trl_toy
+
+ROOT = os.path.dirname(os.path.dirname(__file__))
+
+
+def check_step(r: dict, method: str = "sera") -> None:
+    """A step's checks (tests/trl_toy.one_step): the budget, one prompt per group, MaxRL x n0 / n_i, the gradient."""
+    assert r["counts_sum"] == r["rows"] == r["budget"]  # B x n0 completions, as TRL counts them
+    assert r["counts_by_prompt"] == r["trainer_counts"]  # the groups TRL's rows show are the trainer's
+    assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["groups_distinct"] and r["rewards_match"]
+    assert r["nonuniform"] == (method == "sera")  # the toy step's waterline moves rollouts; MaxRL keeps n0 each
+    assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
+    assert r["grad_scale"] > 0 and r["grad_error"] <= 1e-5 * r["grad_scale"]
+    logs = r["logs"]
+    assert logs["alloc/budget"] == logs["alloc/rollouts"] == logs["alloc/generated"] == r["budget"]
+    assert (logs["alloc/n_min"], logs["alloc/n_max"]) == (min(r["counts_by_prompt"]), max(r["counts_by_prompt"]))
+    assert logs["frac_reward_zero_std"] == pytest.approx(r["frac_zero_std"])  # on the true groups
+    assert logs["completions/mean_length"] == pytest.approx(r["mean_length"])  # over both draws of the step
+    assert ("alloc/tau" in logs) == ("alloc/p_hat_mean" in logs) == (method == "sera")
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo", "cispo", "vespo", "sapo"])
+def test_sera_step_equals_the_suites_loss(tmp_path, loss_type):
+    """One process: pilots, the waterline, the remaining completions; the advantages are sera.advantages.maxrl x n0 /
+    n_i on the groups the rows show, and the step's gradient is sera.losses.pg_loss's on the same completions (dapo,
+    cispo, vespo: token-mean; dr_grpo: seqnorm; grpo, sapo: seq-mean-token-mean)."""
+    overrides = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    check_step(trl_toy.one_step(tmp_path, "sera", loss_type, **overrides))
+
+
+def test_maxrl_keeps_trls_layout(tmp_path):
+    """method=maxrl is the uniform baseline from the same class: the same completions as GRPOTrainer with the same
+    seed, n0 each, MaxRL's advantage on TRL's own groups, and the suite's gradient."""
+    check_step(trl_toy.one_step(tmp_path / "check", "maxrl"), "maxrl")
+    outputs = []
+    for trainer_class, args in [
+        (GRPOTrainer, GRPOConfig(**trl_toy.settings(tmp_path / "grpo"))),
+        (SERAGRPOTrainer, trl_toy.config(tmp_path / "maxrl", method="maxrl")),
+    ]:
+        run = trainer_class(model=trl_toy.model(), reward_funcs=trl_toy.first_letter_allowed, args=args,
+                            processing_class=trl_toy.tokenizer(), train_dataset=trl_toy.dataset())  # fmt: skip
+        capture = trl_toy.Capture(run)
+        run.train()
+        outputs.append(capture.batches[0])
+    (grpo, _), (sera, rows) = outputs
+    for key in ("prompt_ids", "completion_ids", "completion_mask"):
+        assert torch.equal(grpo[key], sera[key])
+    completions = trl_toy.tokenizer().batch_decode(sera["completion_ids"], skip_special_tokens=True)
+    rewards = trl_toy.first_letter_allowed(completions, [r["allowed"] for r in rows])
+    expected = maxrl(rewards, np.full(len(rewards) // trl_toy.N0, trl_toy.N0))
+    np.testing.assert_allclose(sera["advantages"].numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(grpo["advantages"], sera["advantages"])  # GRPO's own advantage is a different one
+
+
+# --standalone: a free rendezvous port for each launch
+TORCHRUN = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
+ENV = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_two_processes(tmp_path):
+    """torchrun, two CPU processes over gloo: each holds B x n0 / 2 rows, groups span the processes; the counts sum
+    to B x n0, every group holds one prompt, the advantages are MaxRL x n0 / n_i on the gathered rewards, and the
+    gradient after DDP's all-reduce is the suite's loss over all rows (token-mean and seqnorm)."""
+    out = tmp_path / "two.json"
+    cmd = [*TORCHRUN, "-m", "tests.trl_toy", str(out), "sera", "dapo,dr_grpo"]
+    done = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
+    for r in json.loads(out.read_text()):
+        assert r["world"] == 2
+        check_step(r)
+
+
+def test_history_estimator_across_steps_and_resume(tmp_path):
+    """estimator=history: the first step has no estimate (uniform); the next step's p_hat is each prompt's clipped
+    success rate of the step before, allocated by the waterline; the estimator's state is saved with each checkpoint
+    and loaded on resume."""
+    data = trl_toy.dataset(size=4)  # B = 4: every step sees the same four prompts
+    args = trl_toy.config(tmp_path, estimator="history", max_steps=2, save_strategy="steps", save_steps=1)
+    run = trl_toy.trainer(args, data)
+    steps = []
+
+    class Record(trl_toy.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(run.last_step)
+
+    run.add_callback(Record())
+    capture = trl_toy.Capture(run)
+    run.train()
+    first, second = steps
+    assert first.p_hat is None and (first.counts == trl_toy.N0).all()
+    groups = []  # (prompt id of each group, its success rate), from the rows TRL trained on
+    for step, (_, rows) in zip(steps, capture.batches, strict=True):
+        ids = {int(g): row["prompt_id"] for g, row in zip(step.group, rows, strict=True)}
+        groups.append(
+            ([ids[g] for g in range(step.counts.size)], np.bincount(step.group, weights=step.rewards) / step.counts)
+        )
+    (ids1, rate1), (ids2, _) = groups
+    expected = np.clip([rate1[ids1.index(i)] for i in ids2], args.p_lo, args.p_hi)
+    np.testing.assert_allclose(second.p_hat, expected)
+    np.testing.assert_array_equal(second.counts, waterline(expected, 4 * trl_toy.N0, 2, 8 * trl_toy.N0))
+    saved = np.load(tmp_path / "checkpoint-2" / HISTORY_FILE)
+    np.testing.assert_array_equal(saved["last_rate"], run._history.last_rate)
+    resumed = trl_toy.trainer(args, data)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    np.testing.assert_array_equal(resumed._history.last_rate, run._history.last_rate)
+    assert resumed._history.total_rollouts == run._history.total_rollouts == 2 * 4 * trl_toy.N0
+
+
+def test_evaluation_uses_maxrl_on_trls_groups(tmp_path):
+    """evaluate(): TRL's uniform evaluation groups (num_generations_eval), MaxRL's advantage in the loss."""
+    args = trl_toy.config(tmp_path, eval_strategy="no", per_device_eval_batch_size=16, num_generations_eval=4)
+    run = trl_toy.trainer(args, eval_dataset=trl_toy.dataset(size=4, seed=1))
+    capture = trl_toy.Capture(run)
+    metrics = run.evaluate()
+    (output, rows), = capture.batches  # fmt: skip
+    completions = trl_toy.tokenizer().batch_decode(output["completion_ids"], skip_special_tokens=True)
+    rewards = trl_toy.first_letter_allowed(completions, [r["allowed"] for r in rows])
+    np.testing.assert_allclose(output["advantages"].numpy(), maxrl(rewards, np.full(4, 4)), rtol=1e-6, atol=1e-7)
+    assert np.isfinite(metrics["eval_loss"]) and metrics["eval_reward"] == pytest.approx(np.mean(rewards))
+
+
+def failing_reward(value):
+    def reward(completions, **kwargs):
+        return [value] * len(completions)
+
+    return reward
+
+
+@pytest.mark.parametrize("value, message", [(0.5, "binary reward"), (None, "got no reward")])
+def test_a_non_binary_reward_stops_the_first_step(tmp_path, value, message):
+    run = SERAGRPOTrainer(model=trl_toy.model(), reward_funcs=failing_reward(value), args=trl_toy.config(tmp_path),
+                          processing_class=trl_toy.tokenizer(), train_dataset=trl_toy.dataset())  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        run.train()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"loss_type": "bnpo"}, "token count of each micro-batch"),
+        ({"loss_type": "luspo"}, "use dr_grpo"),
+        ({"loss_type": "cispo"}, "epsilon_high >= 1"),
+        ({"method": "grpo"}, "choose from"),
+        ({"estimator": "oracle"}, "unavailable"),
+        ({"pilot_m": 16}, "n_min"),  # pilots beyond n0: the budget cannot hold them
+        ({"method": "maxrl", "pilot_m": 4}, "pilot"),  # the suite's own rules (sera.methods)
+    ],
+)
+def test_bad_settings_fail_when_the_config_is_made(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        trl_toy.config(tmp_path, **overrides)
+
+
+def unused_tool(x: int) -> int:
+    """A tool.
+
+    Args:
+        x: a number
+    """
+    return x
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, message",
+    [
+        ({}, {"tools": [unused_tool]}, "tools"),
+        ({}, {"rollout_func": lambda prompts, trainer: {}}, "rollout_func"),
+        ({}, {"reward_funcs": "some/reward-model"}, "reward model"),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, {}, "non-binary"),
+        ({"beta": 0.04}, {}, "multiplicity correction"),
+        ({"entropy_coef": 0.01}, {}, "multiplicity correction"),
+        ({"estimator": "history", "prompt_id_column": "qid"}, {}, "'qid'"),
+        ({"estimator": "history", "remove_unused_columns": True}, {}, "remove_unused_columns"),
+    ],
+)
+def test_unsupported_setups_fail_before_the_model_loads(tmp_path, config, kwargs, message):
+    """The model is a hub id that does not exist: the error must come first."""
+    arguments = {"reward_funcs": trl_toy.first_letter_allowed, "train_dataset": trl_toy.dataset(), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        SERAGRPOTrainer(model="no-such/model", args=trl_toy.config(tmp_path, **config), **arguments)
+
+
+def test_other_refusals(tmp_path, monkeypatch):
+    arguments = {"model": "no-such/model", "reward_funcs": trl_toy.first_letter_allowed,
+                 "train_dataset": trl_toy.dataset()}  # fmt: skip
+    with pytest.raises(TypeError, match="SERAGRPOConfig"):
+        SERAGRPOTrainer(args=GRPOConfig(**trl_toy.settings(tmp_path)), **arguments)
+    args = trl_toy.config(tmp_path)
+    monkeypatch.setattr(SERAGRPOConfig, "world_size", property(lambda self: 3))  # B x m = 16 pilots on 3 processes
+    with pytest.raises(ValueError, match="cannot be split evenly across 3 processes"):
+        SERAGRPOTrainer(args=args, **arguments)
+    monkeypatch.undo()
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(RuntimeError, match="pin trl==1.16.0"):
+        SERAGRPOTrainer(args=args, **arguments)
+
+
+def readme_example() -> str:
+    """The python block of README.md's section "SERA inside TRL"."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text[text.index("## SERA inside TRL") :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_readme_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(readme_example(), "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2 and trainer.last_step.counts.sum() == 4 * 8
+
+
+@pytest.mark.slow
+def test_comparison_script_runs(tmp_path, capsys):
+    """examples/trl_vs_loop.py on the math smoke scale: the suite's loop and the TRL trainer from the same base model,
+    both evaluated by the suite's evaluator."""
+    from examples.trl_vs_loop import main
+
+    main(["--scale", "smoke", "--steps", "2", "--trl-seeds", "0", "--samples", "8", "--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| suite loop, seed 0 |" in out and "| SERAGRPOTrainer, seed 0 |" in out
+    result = json.loads((tmp_path / "trl" / "seed-0" / "result.json").read_text())
+    assert result["log"][-1]["step"] == 2 and any("alloc/budget" in entry for entry in result["log"])
+
+
+@pytest.mark.slow
+def test_launch_script_runs_on_the_cpu(tmp_path):
+    """examples/trl_math.py, the script README launches on several GPUs, for one CPU step on generated chain sums."""
+    from examples.trl_math import main
+
+    trainer = main(["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2",
+                    "--n0", "8", "--pilot-m", "4", "--max-completion-length", "16", "--steps", "1", "--cpu",
+                    "--output-dir", str(tmp_path)])  # fmt: skip
+    assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 2 * 8

@@ -1,0 +1,231 @@
+"""SERAGRPOTrainer on a toy task, one training step with its checks, for tests/test_trl.py (in process or torchrun).
+
+    python -m tests.trl_toy OUT.json [sera|maxrl] [LOSS_TYPES]        one process (loss types comma-separated)
+    torchrun --standalone --nproc_per_node 2 -m tests.trl_toy OUT.json sera dapo,dr_grpo   two processes, gloo
+
+The task: a prompt of letters, reward 1 when the completion's first letter is one of the prompt's allowed letters (a
+random 2-layer Llama hits them with probabilities from about 0.1 to 0.6). `one_step` trains one step and checks it from
+what TRL handed its loss, independently of the trainer's bookkeeping: it decodes every row's prompt and completion,
+scores them with the reward function, groups the rows by prompt, and compares TRL's advantages with
+`sera.advantages.maxrl` x n0 / n_i on those groups, and the gradient of the step (after DDP's all-reduce) with the
+gradient of the suite's loss `sera.losses.pg_loss` on the same completions (each process its rows, with the step's
+global normalisers, gradients summed: the suite's own data-parallel loss).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from sera.advantages import maxrl, multiplicity_weights
+from sera.losses import pg_loss
+from sera.trl import LOSS_AGGREGATION, SERAGRPOConfig, SERAGRPOTrainer
+
+LETTERS = "abcdefgh"
+PAD, EOS = "<pad>", "<eos>"
+VOCAB = [PAD, EOS, *LETTERS]
+N0, PILOT_M, MAX_LEN = 8, 4, 4
+
+
+def tokenizer():
+    """One token a letter (WordLevel over single characters), specials skipped on decode."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=PAD))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS)
+
+
+def model(seed: int = 0):
+    """A random 2-layer Llama, hidden 32, over the toy vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=True, eos_token_id=1, pad_token_id=0,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def dataset(size: int = 16, seed: int = 0):
+    """Prompts of 3-5 letters, each with 1-5 allowed first letters and an integer id."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+    prompts = ["".join(rng.choice(list(LETTERS), rng.integers(3, 6))) for _ in range(size)]
+    allowed = ["".join(rng.choice(list(LETTERS), rng.integers(1, 6), replace=False)) for _ in range(size)]
+    return Dataset.from_dict({"prompt": prompts, "allowed": allowed, "prompt_id": list(range(size))})
+
+
+def first_letter_allowed(completions, allowed, **kwargs):
+    """The toy reward: 1 when the completion starts with an allowed letter."""
+    return [float(len(c) > 0 and c[0] in a) for c, a in zip(completions, allowed, strict=True)]
+
+
+def settings(out_dir, world: int = 1, prompts: int = 4) -> dict:
+    """GRPOConfig settings: one optimizer step per generation of `prompts` x N0 rows, no clipping (the gradient is
+    compared), float32 without checkpointing (the CPU)."""
+    return dict(
+        output_dir=str(out_dir), num_generations=N0, per_device_train_batch_size=prompts * N0 // world,
+        max_completion_length=MAX_LEN, max_steps=1, learning_rate=1e-2, max_grad_norm=0.0, use_cpu=True, report_to=[],
+        save_strategy="no", logging_steps=1, activation_checkpointing=False, bf16=False, seed=0, disable_tqdm=True,
+        dataloader_num_workers=0, temperature=1.0,
+    )  # fmt: skip
+
+
+def config(out_dir, world: int = 1, prompts: int = 4, **overrides) -> SERAGRPOConfig:
+    """SERAGRPOConfig on these settings; SERA with pilots takes PILOT_M of them unless told otherwise."""
+    pilots = overrides.get("method", "sera") == "sera" and overrides.get("estimator", "pilot") == "pilot"
+    return SERAGRPOConfig(**settings(out_dir, world, prompts) | ({"pilot_m": PILOT_M} if pilots else {}) | overrides)
+
+
+def trainer(args, train_dataset=None, **kwargs) -> SERAGRPOTrainer:
+    return SERAGRPOTrainer(
+        model=model(), reward_funcs=first_letter_allowed, args=args, processing_class=tokenizer(),
+        train_dataset=train_dataset if train_dataset is not None else dataset(), **kwargs,
+    )  # fmt: skip
+
+
+class Capture(TrainerCallback):
+    """What TRL's loss saw (the generation's output and relabelled rows) and the gradient before the optimizer."""
+
+    def __init__(self, trainer: SERAGRPOTrainer):
+        self.batches, self.grads, self.params = [], None, None
+        original = trainer._generate_and_score_completions
+
+        def recorded(inputs):
+            output = original(inputs)
+            self.batches.append((output, [dict(x) for x in inputs]))
+            return output
+
+        trainer._generate_and_score_completions = recorded
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.grads = [p.grad.detach().clone() for p in model.parameters()]
+        self.params = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the step's weights
+
+
+def gather(obj) -> list:
+    if not torch.distributed.is_initialized():
+        return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def suite_gradient(state, output, coefficients, aggregation, totals) -> list[torch.Tensor]:
+    """The gradient of sera.losses.pg_loss on this process's rows with the step's global normalisers, summed over the
+    processes: log-probabilities of the completion tokens from a plain forward pass over prompt + completion, by a fresh
+    copy of the model at the step's weights."""
+    net = model()
+    net.load_state_dict(state)
+    ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    width = output["completion_ids"].shape[1]
+    logits = net(input_ids=ids, attention_mask=attention).logits[:, -width - 1 : -1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(2, output["completion_ids"][..., None])[..., 0]
+    advantages, weights = coefficients
+    loss = pg_loss(
+        logp, output["completion_mask"], torch.as_tensor(advantages), torch.as_tensor(weights), aggregation,
+        max_len=MAX_LEN, num_rollouts=totals[0], num_tokens=totals[1],
+    )  # fmt: skip
+    net.zero_grad()
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in net.parameters()]
+    if torch.distributed.is_initialized():
+        for g in grads:
+            torch.distributed.all_reduce(g)
+    return grads
+
+
+def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides) -> dict:
+    """Train one step and return its checks (the same on every process)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's processes
+    run = trainer(config(out_dir, world, method=method, loss_type=loss_type, **overrides))
+    capture = Capture(run)
+    run.add_callback(capture)
+    run.train()
+    (output, rows), = capture.batches  # fmt: skip
+    tok = run.processing_class
+    prompts = [tok.decode(p[m.bool()]) for p, m in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]
+    completions = tok.batch_decode(output["completion_ids"], skip_special_tokens=True)
+    rewards = first_letter_allowed(completions, [r["allowed"] for r in rows])
+    local = {
+        "prompt": prompts,
+        "row_prompt": [r["prompt"] for r in rows],
+        "reward": rewards,
+        "advantage": output["advantages"].tolist(),
+        "length": output["completion_mask"].sum(1).tolist(),
+    }
+    parts = gather(local)
+    every = {key: [v for part in parts for v in part[key]] for key in local}  # TRL's row order, process 0 first
+    step = run.last_step
+    # the groups as TRL's rows show them: the rows of each prompt
+    names, group = np.unique(every["prompt"], return_inverse=True)
+    counts = np.bincount(group)
+    order = np.argsort(group, kind="stable")
+    advantages = np.empty(group.size)
+    weights = np.empty(group.size)
+    advantages[order] = maxrl(np.asarray(every["reward"])[order], counts)
+    weights[order] = multiplicity_weights(counts, N0) if method == "sera" else np.ones(group.size)
+    start = sum(len(part["prompt"]) for part in parts[: run.accelerator.process_index])
+    mine = slice(start, start + len(prompts))  # this process's rows
+    tokens = float(sum(gather(float(output["completion_mask"].sum()))))
+    suite = suite_gradient(capture.params, output, (advantages[mine], weights[mine]), LOSS_AGGREGATION[loss_type],
+                           (group.size, tokens))  # fmt: skip
+    grad_error = max(float((a - b).abs().max()) for a, b in zip(capture.grads, suite, strict=True))
+    grad_scale = max(float(b.abs().max()) for b in suite)
+    return {
+        "world": world,
+        "rows": int(group.size),
+        "budget": len(names) * N0,
+        "counts_sum": int(step.counts.sum()),
+        "counts_by_prompt": sorted(counts.tolist()),
+        "trainer_counts": sorted(step.counts.tolist()),
+        "rows_match_prompts": every["prompt"] == every["row_prompt"],  # relabelled rows hold their completion's prompt
+        # every trainer group holds one prompt, and every prompt one group
+        "one_prompt_per_group": all(
+            len(set(np.asarray(every["prompt"])[step.group == g])) == 1 for g in range(step.counts.size)
+        ),  # fmt: skip
+        "groups_distinct": len(
+            {every["prompt"][int(np.flatnonzero(step.group == g)[0])] for g in range(step.counts.size)}
+        )
+        == step.counts.size,  # fmt: skip
+        "rewards_match": np.array_equal(np.asarray(every["reward"]), step.rewards),
+        "advantage_error": float(np.max(np.abs(np.asarray(every["advantage"]) - advantages * weights))),
+        "advantage_scale": float(np.max(np.abs(advantages * weights))),
+        "nonuniform": bool(np.any(counts != N0)),
+        # TRL's group statistic on the true groups: the share of rows whose group's rewards are all equal
+        "frac_zero_std": float(np.mean([len(set(np.asarray(every["reward"])[group == g])) == 1 for g in group])),
+        "mean_length": float(np.mean(every["length"])),
+        "grad_error": grad_error,
+        "grad_scale": grad_scale,
+        "logs": {k: v for k, v in run.state.log_history[0].items() if isinstance(v, int | float)},
+    }
+
+
+def main(argv: list[str]) -> None:
+    """OUT.json [method] [loss types, comma-separated]: one step each, the checks of every step into OUT.json."""
+    import tempfile
+
+    out, method, loss_types = argv[0], *(argv[1:] + ["sera", "dapo"][len(argv) - 1 :])
+    torch.set_num_threads(1)
+    results = []
+    for loss_type in loss_types.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            results.append(one_step(tmp, method, loss_type))
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
