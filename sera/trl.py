@@ -196,7 +196,7 @@ class SERAGRPOTrainer(GRPOTrainer):
             self._history_index = {value: i for i, value in enumerate(dict.fromkeys(column))}
             self._history = HistoricalEstimator(len(self._history_index), settings.p_lo, settings.p_hi)
         self._batch: list | None = None  # the local generation batch being generated (relabelled in place)
-        self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients) of the batch
+        self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients, collection metrics)
         self._eval_rewards: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
 
