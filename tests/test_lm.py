@@ -470,7 +470,7 @@ def test_maze_bad_input(tmp_path):
             (["sft.steps=0"], "sft.steps"),
             (["method=sara"], "pool_size"),
             (["method=dps"], "pool_size"),
-            (["method=sara", "task.pool_size=64", "method.sequential.k0=99"], "k0 <= n0"),
+            (["method=sara", "task.pool_size=64", "method.sequential.k0=99"], "must be <= n0"),
             (["method=ds", "task.pool_size=64", "+method.sequential.bogus=1"], "bogus"),
             (["task.pool_size=0"], "pool_size"),
             (["vllm.tensor_parallel_size=0"], "tensor_parallel_size"),
