@@ -329,21 +329,25 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, met
 
 
 @pytest.mark.slow
-def test_distributed_data_parallel_path_with_two_cpu_processes(tmp_path):
-    """The multi-GPU ImageNet path (torchrun + DistributedDataParallel), exercised with the gloo backend on CPU."""
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [
-        str(torchrun),
-        "--nproc_per_node=2",
-        "-m",
-        "experiments.imagenet.train",
-        "scale=imagenet/smoke",
-        "method=sera",
-        "device=cpu",
-        "threads=1",
-        f"run.root={tmp_path}",
-    ]
-    subprocess.run(cmd, env=ENV, check=True, capture_output=True, timeout=600)
-    run = tmp_path / "imagenet-smoke" / "sera-m8_n0-16_seed-0"
-    records = read_jsonl(run / "metrics.jsonl")
-    assert (run / "DONE").exists() and [r["step"] for r in records] == list(range(8))
+def test_two_process_run_equals_the_one_process_run(tmp_path):
+    """The multi-GPU path (torchrun + DistributedDataParallel, gloo on CPU): each of two ranks takes B / 2 images a
+    step and DDP averages the gradients, so with the same labels drawn for each image (tests/imagenet_ddp_toy.py) and
+    a uniform allocation, two processes train the same classifier as one. Plain SGD, whose step scales with the
+    gradient (ranks that summed instead of averaging would not match), on 32 training images, so that 10 CE steps
+    lift p enough for the 6 RL steps to see successes and have a gradient."""
+    overrides = ["scale=imagenet/smoke", "method=maxrl", "device=cpu", "threads=1", "data.num_train=32"]
+    overrides += ["optim.name=sgd", "optim.momentum=0", "optim.lr=0.3", "train.steps=16", "train.warm_start_steps=10"]
+    overrides += ["eval.every=8"]
+    harness = ["-m", "tests.imagenet_ddp_toy"]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2"]
+    root = Path(__file__).resolve().parents[1]
+    for name, launcher in [("one", [sys.executable]), ("two", torchrun)]:
+        cmd = [*launcher, *harness, str(tmp_path / name), *overrides]
+        subprocess.run(cmd, env={**ENV, "OMP_NUM_THREADS": "1"}, cwd=root, check=True, capture_output=True, timeout=600)
+    runs = [tmp_path / name / "imagenet-smoke" / "maxrl_n0-16_seed-0" for name in ("one", "two")]
+    records = [read_jsonl(run / "metrics.jsonl") for run in runs]
+    assert all((run / "DONE").exists() for run in runs) and [r["step"] for r in records[1]] == list(range(16))
+    assert sum(r.get("alloc/effective_groups", 0) for r in records[0]) > 6  # the RL steps had mixed groups
+    np.testing.assert_allclose(np.load(runs[0] / "val_p.npy"), np.load(runs[1] / "val_p.npy"), rtol=1e-4, atol=1e-9)
+    evals = [[r["eval/pass@1"] for r in recs if "eval/pass@1" in r] for recs in records]
+    assert evals[0] == pytest.approx(evals[1], rel=1e-5) and evals[0][0] != evals[0][1]  # and the model trained
