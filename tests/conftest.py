@@ -1,5 +1,29 @@
 import os
+import subprocess
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+CHILD_OUTPUT_CHARS = 20_000  # the tail of a failed child's output that a report shows
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails on a child process (subprocess.run(..., check=True, capture_output=True) raising
+    CalledProcessError, or a TimeoutExpired) shows the child's captured stderr and stdout in its report: the exception's
+    own message has only the command and the exit status."""
+    outcome = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if not isinstance(error, subprocess.CalledProcessError | subprocess.TimeoutExpired):
+        return
+    report = outcome.get_result()
+    for name in ("stderr", "stdout"):
+        text = getattr(error, name, None)
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        if text:
+            report.sections.append((f"child process {name} (last {CHILD_OUTPUT_CHARS} characters)",
+                                    text[-CHILD_OUTPUT_CHARS:]))  # fmt: skip

@@ -339,7 +339,7 @@ def test_two_process_run_resumes_to_identical_metrics(tmp_path, parallel):
 
     launch(tmp_path / "reference")
     failed = launch(tmp_path / "run", "3", check=False)
-    assert failed.returncode != 0 and "simulated failure at step 3" in failed.stderr
+    assert failed.returncode != 0 and "simulated failure at step 3" in failed.stderr, failed.stderr[-4000:]
     assert [r["step"] for r in records(tmp_path / "run")] == [0, 1, 2] and not (tmp_path / "run" / "DONE").exists()
     launch(tmp_path / "run")
     assert records(tmp_path / "run") == records(tmp_path / "reference")

@@ -138,8 +138,8 @@ def test_two_concurrent_launches_exactly_one_runs(tmp_path):
     while not metrics.exists() and time.time() < deadline and first.poll() is None:
         time.sleep(0.1)
     second = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-    assert first.wait(timeout=300) == 0
-    assert second.returncode != 0 and f"pid {first.pid}" in second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-4000:]
+    assert second.returncode != 0 and f"pid {first.pid}" in second.stderr, second.stderr[-4000:]
     steps = [r["step"] for r in read_jsonl(metrics)]
     assert steps == list(range(300))  # no interleaved or duplicated records
     assert (metrics.parent / "DONE").exists()
@@ -152,7 +152,7 @@ def test_nonfinite_training_stops_without_done(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert out.returncode != 0 and "non-finite" in out.stderr
+    assert out.returncode != 0 and "non-finite" in out.stderr, out.stderr[-4000:]
     run = tmp_path / "imagenet-smoke" / "maxrl_n0-16_seed-0"
     assert not (run / "DONE").exists()
 
