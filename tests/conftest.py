@@ -1,3 +1,5 @@
+"""Test-session settings: hubs and wandb offline, and the output of a child process a failed test ran."""
+
 import os
 import subprocess
 
