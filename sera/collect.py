@@ -7,8 +7,10 @@ taken prompt's dataset id). A sampler (`SAMPLERS`, keyed by the method's allocat
 or probes first, then the rest of each group - and returns a `Collected`: the prompts trained on and their counts,
 the rewards grouped by prompt with pilots first, p_hat and tau, the rollouts generated (dropped groups included),
 and the rows of the concatenated payloads to train on, in the same grouped order. A new allocator is one entry of
-`SAMPLERS`: its collection function and what it needs (p_hat, a prompt stream, DPS's predictor), which validation,
-the loops and the tables read from there. Pure numpy; DESIGN.md sections 2-4.
+`SAMPLERS`: its collection function and what it needs (p_hat, a prompt stream, DPS's predictor, SARA's prior), which
+validation, the loops and the tables read from there; what a sequential allocator carries from step to step is one
+`SequentialState` (`sequential_state`), which the loops create, pass to `collect` and checkpoint. Pure numpy;
+DESIGN.md sections 2-4.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ import numpy as np
 from sera.advantages import ADVANTAGES, multiplicity_weights
 from sera.allocation import dars_hw_extra, uniform, waterline
 from sera.estimation import pilot_p_hat
-from sera.sequential import StepResult, dps_prompts, ds_step, sara_step, sera_counts_after_probe
+from sera.sequential import (
+    DynamicsPredictor,
+    SaraAction,
+    SaraPrior,
+    StepResult,
+    dps_prompts,
+    ds_step,
+    sara_step,
+    sera_counts_after_probe,
+)
 
 if TYPE_CHECKING:
     from sera.methods import MethodSettings
@@ -88,8 +99,9 @@ class _Draws:
             full[prompt_ids] = counts
             self(full)
             rewards, offsets = self.rewards[-1], np.cumsum(full) - full  # this call's rewards, by ascending prompt
-            parts = [rewards[offsets[i] : offsets[i] + c] for i, c in zip(prompt_ids, counts, strict=True)]
-            return np.concatenate(parts) if parts else np.zeros(0)
+            counts = np.asarray(counts, dtype=np.int64)
+            within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            return rewards[np.repeat(offsets[prompt_ids], counts) + within]  # regrouped in the order of prompt_ids
 
         return draw
 
@@ -155,9 +167,42 @@ def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, **_) -> Collect
 # ---------------------------------------------------------------------------------------------------------------
 # Sequential allocators (DESIGN section 4): they take prompts from the stream as they go and drop some groups.
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class SequentialState:
+    """What a sequential allocator carries across steps: DPS's predictor, SARA's prior (either may be None)."""
+
+    predictor: DynamicsPredictor | None = None
+    prior: SaraPrior | None = None
+
+    def state_dict(self) -> dict:
+        return {name: None if x is None else x.state_dict() for name, x in (("predictor", self.predictor),
+                                                                            ("prior", self.prior))}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if "alpha" in state:  # a checkpoint written before SARA had a prior: the DPS predictor's state alone
+            state = {"predictor": state, "prior": None}
+        for name in ("predictor", "prior"):
+            mine, saved = getattr(self, name), state.get(name)
+            if (mine is None) != (saved is None):
+                raise ValueError(f"the checkpoint's sequential state {'lacks' if saved is None else 'has'} a {name}")
+            if mine is not None:
+                mine.load_state_dict(saved)
+
+
+def sequential_state(s: MethodSettings, num_prompts: int | None) -> SequentialState | None:
+    """The state the method's allocator carries across steps (None when it carries none). num_prompts: the size of
+    the set of prompt ids (None when prompts never recur)."""
+    sampler, q = s.sampler, s.sequential
+    if not (sampler.predictor or sampler.prior):
+        return None
+    predictor = DynamicsPredictor(num_prompts, q.dps_decay) if sampler.predictor else None
+    return SequentialState(predictor, SaraPrior(q, num_prompts) if sampler.prior else None)
+
+
 def accounting(result: StepResult) -> dict:
-    """The per-step accounting every sequential method logs."""
-    return {
+    """The per-step accounting every sequential method logs; SARA's also its verdicts by probe size: how many groups
+    were committed, continued and abandoned after j rollouts (lists indexed by j = 0..n)."""
+    metrics = {
         "alloc/groups_committed": result.groups_committed,
         "alloc/groups_abandoned": result.groups_abandoned,
         "alloc/groups_discarded": result.groups_discarded,
@@ -166,6 +211,11 @@ def accounting(result: StepResult) -> dict:
         "alloc/hit_wave_cap": int(result.hit_wave_cap),
         "alloc/shortfall": result.shortfall,
     }
+    if result.decisions is not None:
+        for action, name in ((SaraAction.COMMIT, "committed"), (SaraAction.CONTINUE, "continued"),
+                             (SaraAction.ABANDON, "abandoned")):  # fmt: skip
+            metrics[f"alloc/{name}_at"] = result.decisions[action].tolist()
+    return metrics
 
 
 def collect_ds(s: MethodSettings, batch: int, draw: DrawFn, stream, **_) -> Collected:
@@ -183,41 +233,74 @@ def dps_stream(stream, predictor, ratio: int):
     return dps_prompts(predictor, stream.take, ratio, prompt_ids=lambda pool: stream.ids[pool])
 
 
-def collect_dps(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, **_) -> Collected:
+def dps_observe(predictor: DynamicsPredictor, ids, successes, counts) -> dict:
+    """Update DPS's predictor with the step's observed groups (dataset ids (G,)) and return its calibration: the mean
+    predicted P(partial) of the prompts it selected, before this update, against the share of their groups observed
+    partial (0 < K < n)."""
+    predicted = predictor.partial_probability(ids)
+    successes, counts = np.asarray(successes), np.asarray(counts)
+    predictor.update(ids, successes, counts)
+    if predicted.size == 0:
+        return {}
+    partial = (successes > 0) & (successes < counts)
+    return {"alloc/dps_predicted_partial": float(predicted.mean()), "alloc/dps_observed_partial": float(partial.mean())}
+
+
+def collect_dps(s: MethodSettings, batch: int, draw: DrawFn, stream, state, **_) -> Collected:
     """DPS: a candidate pool of r * B prompts, the top B by predicted P(partial), n0 rollouts each."""
     draws = _Draws(draw)
-    chosen = dps_stream(stream, predictor, s.sequential.dps_ratio)(batch)
+    chosen = dps_stream(stream, state.predictor, s.sequential.dps_ratio)(batch)
     counts = np.zeros(stream.size(), dtype=np.int64)
     counts[chosen] = s.n0
     draws(counts)
     out = draws.collected(chosen, metrics={"alloc/prompts_drawn": int(stream.size())})
-    predictor.update(stream.ids[out.prompts], out.successes, out.counts)
+    out.metrics |= dps_observe(state.predictor, stream.ids[out.prompts], out.successes, out.counts)
     return out
 
 
-def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor, complete: bool):
+def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, state, complete: bool):
+    """SARA's step (sara_step) on the stream, DPS-ranked when the state has a predictor (SARA+DPS). Returns the
+    draws, the StepResult and the step's metrics; the caller records the step in the prior (`_sara_observe`)."""
     draws = _Draws(draw)
+    predictor = state.predictor
     take = stream.take if predictor is None else dps_stream(stream, predictor, s.sequential.dps_ratio)
-    result = sara_step(s.sequential, s.n0, batch, None, draws.by_ids(stream.size), take, complete_committed=complete)
+    a0, b0 = state.prior.a0, state.prior.b0
+    result = sara_step(
+        s.sequential, s.n0, batch, None, draws.by_ids(stream.size), take, complete_committed=complete,
+        prior=state.prior,
+    )  # fmt: skip
+    metrics = {**accounting(result), "alloc/prior_a0": a0, "alloc/prior_b0": b0}
     if predictor is not None:  # every group observed this step, committed or abandoned
-        ids = np.concatenate([result.prompt_ids, result.abandoned_ids])
-        successes = np.concatenate([result.successes, result.abandoned_successes])
-        n = np.concatenate([result.counts, result.abandoned_successes + result.abandoned_failures])
-        predictor.update(stream.ids[ids], successes, n)
-    return draws, result
+        n = result.drawn_successes + result.drawn_failures
+        metrics |= dps_observe(predictor, stream.ids[result.drawn_ids], result.drawn_successes, n)
+    return draws, result, metrics
 
 
-def collect_sara(s: MethodSettings, batch: int, draw: DrawFn, stream, predictor=None, **_) -> Collected:
+def _sara_observe(state: SequentialState, stream, result: StepResult, out: Collected) -> None:
+    """Record the step in SARA's prior: every group drawn, the committed ones with all the rollouts trained on."""
+    successes, failures = result.drawn_successes.copy(), result.drawn_failures.copy()
+    row = np.zeros(stream.size(), dtype=np.int64)  # step position -> its row in result.drawn_*
+    row[result.drawn_ids] = np.arange(result.drawn_ids.size)
+    successes[row[out.prompts]] = out.successes
+    failures[row[out.prompts]] = out.counts - out.successes
+    state.prior.observe(stream.ids[result.drawn_ids], successes, failures, result.probe_successes)
+
+
+def collect_sara(s: MethodSettings, batch: int, draw: DrawFn, stream, state, **_) -> Collected:
     """SARA (and SARA+DPS with a predictor): probe, commit or abandon, refill from the stream, in waves."""
-    draws, result = _sara(s, batch, draw, stream, predictor, complete=True)
-    return draws.collected(result.prompt_ids, metrics=accounting(result), result=result)
+    draws, result, metrics = _sara(s, batch, draw, stream, state, complete=True)
+    out = draws.collected(result.prompt_ids, metrics=metrics, result=result)
+    _sara_observe(state, stream, result, out)
+    return out
 
 
-def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, **_) -> Collected:
+def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, state, **_) -> Collected:
     """SARA+SERA: SARA's probe is SERA's pilot; the committed groups share C * n0 rollouts through the waterline."""
-    draws, result = _sara(s, batch, draw, stream, None, complete=False)
+    draws, result, metrics = _sara(s, batch, draw, stream, state, complete=False)
     if result.counts.size == 0:
-        return draws.collected(result.prompt_ids, metrics=accounting(result), result=result)
+        out = draws.collected(result.prompt_ids, metrics=metrics, result=result)
+        _sara_observe(state, stream, result, out)
+        return out
     # SERA: the committed groups' probes give p_hat; the waterline spreads the rest of their budget
     extra = sera_counts_after_probe(result, result.counts.size * s.n0, s.n_max, s.p_lo, s.p_hi, s.delta)
     counts = np.zeros(stream.size(), dtype=np.int64)
@@ -225,7 +308,17 @@ def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, **_) 
     draws(counts)
     order = np.argsort(result.prompt_ids)
     p_hat = np.clip(result.successes / result.counts, s.p_lo, s.p_hi)[order]
-    return draws.collected(result.prompt_ids, p_hat=p_hat, metrics=accounting(result), result=result)
+    out = draws.collected(result.prompt_ids, p_hat=p_hat, metrics=metrics, result=result)
+    _sara_observe(state, stream, result, out)
+    return out
+
+
+# The method.sequential settings each sequential allocator reads (SequentialSettings fields): run-config comparison
+# and run names look only at these, so a setting an allocator ignores never tells two of its runs apart.
+DS_READS = ("gen_batch", "max_rounds")
+DPS_READS = ("dps_ratio", "dps_decay")
+SARA_READS = ("k0", "k_min", "chunk", "tau_lo", "tau_hi", "prior", "a0", "b0", "window", "history_decay", "max_waves",
+              "mode")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -233,11 +326,13 @@ class Sampler:
     """A rollout allocator: its collection function and what it needs from the study and the step. Validation
     (sera.methods), the loops and the tables read these flags; nothing else names an allocator."""
 
-    collect: Callable[..., Collected] | None  # (settings, batch, draw, *, p_hat_source, stream, predictor); None: no
+    collect: Callable[..., Collected] | None  # (settings, batch, draw, *, p_hat_source, stream, state); None: no
     # rollouts (Direct CE)
     p_hat: bool = False  # allocates from an estimate p_hat, so the method needs method.estimator != none
     stream: bool = False  # takes prompts from a stream during the step (sequential: DS, DPS, SARA)
     predictor: bool = False  # ranks prompts by DPS's predictor, which needs prompts that recur
+    prior: bool = False  # decides by SARA's rule under its Beta prior, carried across steps
+    reads: tuple[str, ...] = ()  # the method.sequential settings it reads
     unequal_counts: bool = False  # n_i can differ between prompts, so the multiplicity correction means something
 
 
@@ -246,11 +341,11 @@ SAMPLERS = {
     "uniform": Sampler(collect_uniform),
     "waterline": Sampler(collect_waterline, p_hat=True, unequal_counts=True),
     "dars_hw": Sampler(collect_dars_hw, unequal_counts=True),
-    "ds": Sampler(collect_ds, stream=True),
-    "dps": Sampler(collect_dps, stream=True, predictor=True),
-    "sara": Sampler(collect_sara, stream=True),
-    "sara+dps": Sampler(collect_sara, stream=True, predictor=True),
-    "sara+sera": Sampler(collect_sara_sera, stream=True, unequal_counts=True),
+    "ds": Sampler(collect_ds, stream=True, reads=DS_READS),
+    "dps": Sampler(collect_dps, stream=True, predictor=True, reads=DPS_READS),
+    "sara": Sampler(collect_sara, stream=True, prior=True, reads=SARA_READS),
+    "sara+dps": Sampler(collect_sara, stream=True, predictor=True, prior=True, reads=SARA_READS + DPS_READS),
+    "sara+sera": Sampler(collect_sara_sera, stream=True, unequal_counts=True, prior=True, reads=SARA_READS),
 }
 
 
@@ -260,17 +355,22 @@ def collect(
     draw: DrawFn,
     p_hat_source: Callable[[], np.ndarray] | None = None,
     stream=None,
-    predictor=None,
+    state: SequentialState | None = None,
 ) -> Collected:
     """The step's rollouts by the method's allocator. Batch allocators use the step's first B = batch prompts
     (taken already); p_hat_source gives the history or oracle p_hat (B,) when the estimator needs one. Sequential
-    allocators take prompts from `stream` (take(k), size(), ids) and DPS's `predictor`. Returns a Collected."""
+    allocators take prompts from `stream` (take(k), size(), ids) and carry `state` across steps (DPS's predictor,
+    SARA's prior: `sequential_state`). Returns a Collected."""
     sampler = s.sampler
     if s.estimator in ("history", "oracle") and p_hat_source is None:
         raise ValueError(f"method.estimator={s.estimator} needs a p_hat source")
-    if (sampler.stream and stream is None) or (sampler.predictor and predictor is None):
-        raise ValueError(f"{s.method.name} needs a prompt stream (and DPS's predictor)")
-    return sampler.collect(s, batch, draw, p_hat_source=p_hat_source, stream=stream, predictor=predictor)
+    needs_state = sampler.predictor or sampler.prior
+    if (sampler.stream and stream is None) or (needs_state and state is None):
+        raise ValueError(f"{s.method.name} needs a prompt stream (and its state across steps: DPS's predictor, SARA's "
+                         "prior; see sequential_state)")  # fmt: skip
+    if needs_state and ((sampler.predictor and state.predictor is None) or (sampler.prior and state.prior is None)):
+        raise ValueError(f"the sequential state passed lacks what {s.method.name} needs (use sequential_state)")
+    return sampler.collect(s, batch, draw, p_hat_source=p_hat_source, stream=stream, state=state)
 
 
 def advantages_and_weights(s: MethodSettings, out: Collected) -> tuple[np.ndarray, np.ndarray]:

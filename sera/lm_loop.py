@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from sera.allocation import scale_factor
-from sera.collect import advantages_and_weights, collect, collection_metrics, generation_metrics
+from sera.collect import advantages_and_weights, collect, collection_metrics, generation_metrics, sequential_state
 from sera.distributed import (
     all_gather,
     full_state,
@@ -47,7 +47,6 @@ from sera.methods import MethodSettings
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, end_token_ids, response_logprobs
 from sera.runlog import RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
-from sera.sequential import DynamicsPredictor
 
 
 class Task(Protocol):
@@ -103,6 +102,7 @@ class LoopSettings:
     eval_temperature: float
     eval_top_p: float
     eval_max_rollouts_per_call: int
+    log_coverage: bool  # log train/distinct_prompts (prompts trained on so far) with each evaluation
     checkpoint_every: int
     max_skipped_steps: int  # consecutive non-finite steps before the run stops
     progress: bool
@@ -121,6 +121,7 @@ class LoopSettings:
             eval_every=int(e.every), eval_samples=int(e.samples), eval_ks=tuple(int(k) for k in e.ks),
             eval_temperature=float(e.temperature if e.temperature is not None else cfg.temperature),
             eval_top_p=float(e.top_p), eval_max_rollouts_per_call=int(e.max_rollouts_per_call),
+            log_coverage=bool(t.get("log_coverage", False)),
             checkpoint_every=int(cfg.run.checkpoint_every), max_skipped_steps=int(cfg.run.max_skipped_steps),
             progress=bool(cfg.progress),
         )  # fmt: skip
@@ -265,7 +266,7 @@ def update(ms, ls, model, optimizer, engine, prompts, share: RankShare, adv, wei
 
 
 def rl_step(
-    ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step, predictor=None
+    ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step, state=None
 ):
     """One RL step: prompts -> collect (p_hat, allocation, rollouts, rewards) -> advantages and weights -> backward
     -> update.
@@ -285,7 +286,7 @@ def rl_step(
     p_hat_source = (
         (lambda: history.estimate(first) if history.has_data else None) if ms.estimator == "history" else None
     )
-    out = collect(ms, ls.batch_size, draw, p_hat_source, stream, predictor)
+    out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state)
     t_gen = time.perf_counter() - t0
     if out.counts.size == 0:  # nothing to train on: say so and move on
         metrics = {**generation_metrics(out), "alloc/budget": ms.budget(ls.batch_size)}
@@ -410,6 +411,14 @@ def evaluate_into(run_dir: RunDir | None, step: int, ls: LoopSettings, task: Tas
     return metrics
 
 
+def coverage(ls: LoopSettings, history) -> dict:
+    """train/distinct_prompts: prompts trained on so far (those the history has a rate for), when train.log_coverage
+    (the sequential grid: how many prompts DPS's selection returns to)."""
+    if not ls.log_coverage or history is None:
+        return {}
+    return {"train/distinct_prompts": int(np.count_nonzero(~np.isnan(history.last_rate)))}
+
+
 def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_dir: RunDir | None) -> dict:
     """Run (or resume) the RL loop to ls.steps; returns the final evaluation metrics. run_dir is None on ranks > 0."""
     rank, world = world_info()
@@ -420,9 +429,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     )
     generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
     history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
-    predictor = None
-    if ms.sampler.predictor:  # DPS: every prompt's predicted dynamics, across steps
-        predictor = DynamicsPredictor(task.num_prompts, ms.sequential.dps_decay)
+    seq_state = sequential_state(ms, task.num_prompts)  # DPS's predictor, SARA's prior: carried across steps
     skips = SkipGuard(ls.max_skipped_steps)
     start = 0
     state = run_dir.load_checkpoint() if run_dir is not None else None
@@ -438,8 +445,8 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         generator.set_state(generators[rank])
         if history is not None:
             history.load_state_dict(state["history"])
-        if predictor is not None:
-            predictor.load_state_dict(state["predictor"])
+        if seq_state is not None:
+            seq_state.load_state_dict(state.get("sequential") or state["predictor"])  # "predictor": older checkpoints
         start = state["step"]
         engine.sync_weights(model)
     if run_dir is not None:
@@ -457,12 +464,12 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = ls.lr * min(1.0, (step + 1) / max(1, ls.warmup_steps))
-        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step, predictor)
+        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step, seq_state)
         skips.record(bool(metrics.get("train/skipped_nonfinite")), step)
         is_last = step == ls.steps - 1
         if (step + 1) % ls.eval_every == 0 or is_last:
             final = evaluate_into(run_dir, step + 1, ls, task, engine, generator)
-            metrics.update(final)
+            metrics.update(final | coverage(ls, history))
             bar.set_postfix({k.rsplit("/", 2)[-2] + "@1": f"{v:.3f}" for k, v in final.items() if k.endswith("pass@1")})
         checkpoint_due = (step + 1) % ls.checkpoint_every == 0 and not is_last
         generators = all_gather(generator.get_state()) if checkpoint_due and world > 1 else [generator.get_state()]
@@ -478,7 +485,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
                     "optimizer": optimizer_state,
                     "generator": generators[0] if world == 1 else generators,
                     "history": history.state_dict() if history is not None else None,
-                    "predictor": predictor.state_dict() if predictor is not None else None,
+                    "sequential": seq_state.state_dict() if seq_state is not None else None,
                 }
             )
     return final

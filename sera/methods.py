@@ -9,7 +9,7 @@ takes; nothing below the entry points reads the Hydra config or branches on meth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sera.collect import SAMPLERS, Sampler
 from sera.sequential import SequentialSettings
@@ -51,6 +51,8 @@ METHODS = {
         Method("sara", "SARA", "grpo", allocator="sara"),
         Method("sara+dps", "SARA+DPS", "grpo", allocator="sara+dps"),
         Method("sara+sera", "SARA+SERA", "maxrl", allocator="sara+sera", multiplicity_correction=True),
+        # SARA's allocation with MaxRL's advantage and no SERA: separates SARA+SERA's advantage from its allocation
+        Method("sara+maxrl", "SARA+MaxRL", "maxrl", allocator="sara"),
     ]
 }
 
@@ -173,6 +175,9 @@ class MethodSettings:
             raise ValueError(f"method.sequential: {err}") from None
         if sampler.stream and not sequential.k0 <= n0:
             raise ValueError(f"method.sequential: the first probe k0={sequential.k0} must be <= n0={n0}")
+        if sampler.prior and sequential.prior == "history" and not study.repeated_prompts:
+            raise ValueError("method.sequential.prior=history keeps each prompt's past outcomes: it needs prompts that "
+                             "recur (a finite pool); use prior=population")  # fmt: skip
         adv_kwargs = {}
         if method.advantage == "maxrl":
             adv_kwargs = {"keep_cv_on_zero": bool(mc.keep_cv_on_zero)}
@@ -185,10 +190,21 @@ class MethodSettings:
 
     def variant(self, name_default_source: bool = True) -> str:
         """Run-name suffix of the p_hat source ('-m8', '-history', '-oracle'; with name_default_source=False only
-        when it is not the registry's default), and '-mc'/'-nomc' when the correction is not the registry's."""
+        when it is not the registry's default), '-mc'/'-nomc' when the correction is not the registry's, and each
+        sequential setting the allocator reads that is not SequentialSettings' default ('-prior=flat-k0=4')."""
         tag = {"none": "", "pilot": f"-m{self.pilot_m}", "history": "-history", "oracle": "-oracle"}[self.estimator]
         if not name_default_source and (self.estimator, self.pilot_m) == (self.method.estimator, self.method.pilot_m):
             tag = ""
         if self.multiplicity_correction != self.method.multiplicity_correction:
             tag += "-mc" if self.multiplicity_correction else "-nomc"
-        return tag
+        return tag + "".join(f"-{key}={value}" for key, value in self.sequential_changes().items())
+
+    def sequential_changes(self) -> dict:
+        """{setting: value} of the method.sequential settings the allocator reads that differ from the defaults, in
+        SequentialSettings' field order."""
+        default = SequentialSettings()
+        return {
+            f.name: getattr(self.sequential, f.name)
+            for f in fields(SequentialSettings)
+            if f.name in self.sampler.reads and getattr(self.sequential, f.name) != getattr(default, f.name)
+        }

@@ -84,30 +84,52 @@ def check_same_config(path: Path, config: dict) -> None:
         )
 
 
-# Settings added after runs existed, with the value those runs had: a config holding one at this value is the same
-# run as a config without it.
-ADDED_DEFAULTS = {("train", "parallel"): "ddp"}
+# Settings added after runs existed, with the value those runs had (their key path): a config holding one at this
+# value is the same run as a config without it. SARA's prior: runs made before it existed used the flat prior (the
+# fitted priors' window and decay did not exist either); eval.at_start and train.log_coverage add measurements only.
+ADDED_DEFAULTS = {
+    ("train", "parallel"): "ddp",
+    ("method", "sequential", "prior"): "flat",
+    ("method", "sequential", "window"): 20,
+    ("method", "sequential", "history_decay"): 0.7,
+    ("eval", "at_start"): False,
+    ("train", "log_coverage"): False,
+}
+
+
+def _without(config: dict, path: tuple[str, ...], value) -> dict:
+    """The config less the key at `path` when it holds `value` (the dicts along the path copied, never mutated)."""
+    head, *rest = path
+    node = config.get(head) if isinstance(config, dict) else None
+    if not rest:
+        return {k: v for k, v in config.items() if k != head} if head in config and node == value else config
+    if not isinstance(node, dict):
+        return config
+    return {**config, head: _without(node, tuple(rest), value)}
 
 
 def comparable_config(config: dict) -> dict:
-    """The config less what its run does not read (method.sequential outside DS, DPS and SARA; the vllm block unless
-    engine=vllm) and less ADDED_DEFAULTS at their default, so a run made before such a setting existed is still the
-    same run. Used to refuse a different config in a run directory and to group seeds in the tables."""
+    """The config less what its run does not read (of method.sequential, only the settings its allocator reads, none
+    for the batch allocators; the vllm block unless engine=vllm) and less ADDED_DEFAULTS at their default, so a run
+    made before such a setting existed is still the same run. Used to refuse a different config in a run directory
+    and to group seeds in the tables."""
     from sera.methods import METHODS
 
     if "vllm" in config and config.get("engine") != "vllm":
         config = {k: v for k, v in config.items() if k != "vllm"}
-    for (group, key), default in ADDED_DEFAULTS.items():
-        section = config.get(group)
-        if isinstance(section, dict) and section.get(key) == default:
-            config = {**config, group: {k: v for k, v in section.items() if k != key}}
     method = config.get("method")
-    if not isinstance(method, dict) or "sequential" not in method:
-        return config
-    entry = METHODS.get(method.get("name"))
-    if entry is not None and entry.sampler.stream:
-        return config
-    return {**config, "method": {k: v for k, v in method.items() if k != "sequential"}}
+    if isinstance(method, dict) and isinstance(method.get("sequential"), dict):
+        entry = METHODS.get(method.get("name"))
+        if entry is None:
+            reads = set(method["sequential"])
+        else:
+            reads = set(entry.sampler.reads)
+        sequential = {k: v for k, v in method["sequential"].items() if k in reads}
+        method = {k: v for k, v in method.items() if k != "sequential"} | ({"sequential": sequential} if reads else {})
+        config = {**config, "method": method}
+    for path, default in ADDED_DEFAULTS.items():
+        config = _without(config, path, default)
+    return config
 
 
 def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:

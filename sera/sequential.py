@@ -3,7 +3,9 @@ section 4).
 
 Pure numpy (no torch, no I/O). SARA probes each prompt with a few rollouts, keeps a Beta posterior over its pass rate,
 and commits, abandons or probes further by the closed-form probability that the full group ends mixed
-(`effective_probability`, `sara_decision`); `sara_step` runs one training step of it in batched waves. `ds_step` is
+(`effective_probability`, `sara_decision`) under a Beta prior that is flat, fitted to the population's recent probes, or
+that plus the prompt's own history (`SaraPrior`, `fit_beta_prior`); `sara_step` runs one training step of it in
+batched waves, vectorised over the step's groups. `ds_step` is
 the dynamic-sampling baseline, `DynamicsPredictor` and `dps_select` are DPS's per-prompt three-state chain and its
 top-B selection. Both step loops talk to the model only through two callbacks, `draw(prompt_ids, counts) -> rewards`
 (flat, grouped by prompt in order) and `next_prompts(k) -> up to k prompt ids`, so they run the same against a
@@ -99,19 +101,26 @@ def sara_decision(successes, failures, n, a0=1.0, b0=1.0, k_min=2, tau_lo=0.45, 
     return action.astype(np.int8)
 
 
+PRIORS = ("flat", "population", "history")  # SARA's prior over a prompt's pass rate (DESIGN section 4)
+PRIOR_CLIP = (0.05, 50.0)  # the fitted a0, b0 are each clipped to this range
+
+
 @dataclasses.dataclass(frozen=True)
 class SequentialSettings:
     """Settings of the sequential allocators, SARA, DS and DPS (DESIGN section 4; SARA's are derived from its
     abstract, every threshold a setting). `method.sequential` of a run config; configs/method/common.yaml holds the
     same defaults (a test checks that they agree)."""
 
-    k0: int = 4  # SARA: rollouts in a fresh prompt's first probe
+    k0: int = 2  # SARA: rollouts in a fresh prompt's first probe
     k_min: int = 2  # SARA: never abandon a group with fewer rollouts than this
-    chunk: int = 2  # SARA: rollouts per further probe of an undecided group
+    chunk: int = 2  # SARA: rollouts per further probe of an undecided group (DESIGN's delta)
     tau_lo: float = 0.45  # SARA: abandon when E_j <= tau_lo
     tau_hi: float = 0.95  # SARA: commit when E_j >= tau_hi (always once mixed)
-    a0: float = 1.0  # SARA: Beta prior over every prompt's pass rate
+    prior: Literal["flat", "population", "history"] = "population"  # SARA: Beta prior over each prompt's pass rate
+    a0: float = 1.0  # SARA: the flat prior Beta(a0, b0); also the population prior until the first step's probes
     b0: float = 1.0
+    window: int = 20  # SARA, population prior: fitted to the probes of the last `window` steps
+    history_decay: float = 0.7  # SARA, history prior: lam, the weight of a prompt's past counts at each later visit
     max_waves: int = 16  # SARA: cap on waves per step (paper silent); an all-saturated stream stops here
     mode: Literal["fill", "budget"] = "fill"  # SARA: until B groups are committed, or until the budget is spent
     gen_batch: int | None = None  # DS: prompts a generation round (None = B)
@@ -126,6 +135,12 @@ class SequentialSettings:
             raise ValueError(f"need 0 <= tau_lo < tau_hi <= 1, got tau_lo={self.tau_lo}, tau_hi={self.tau_hi}")
         if self.a0 <= 0 or self.b0 <= 0:
             raise ValueError(f"the Beta prior needs a0, b0 > 0, got {self.a0}, {self.b0}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        if self.prior != "flat" and self.k0 < 2:
+            raise ValueError(f"prior={self.prior} fits the spread of the k0-rollout probes: it needs k0 >= 2, got 1")
+        if self.window < 1 or not 0 <= self.history_decay <= 1:
+            raise ValueError(f"need window >= 1 and history_decay in [0, 1], got {self.window}, {self.history_decay}")
         if self.max_waves < 1 or self.max_rounds < 1 or self.dps_ratio < 1:
             raise ValueError(f"need max_waves, max_rounds, dps_ratio >= 1, got {self.max_waves, self.max_rounds}, "
                              f"{self.dps_ratio}")  # fmt: skip
@@ -134,6 +149,106 @@ class SequentialSettings:
         if not 0 <= self.dps_decay <= 1 or (self.gen_batch is not None and self.gen_batch < 1):
             raise ValueError(f"need dps_decay in [0, 1] and gen_batch >= 1 or None, got {self.dps_decay}, "
                              f"{self.gen_batch}")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# SARA's prior: flat, fitted to the population, or that plus the prompt's own history
+
+
+def fit_beta_prior(probe_successes, k0: int, clip: tuple[float, float] = PRIOR_CLIP) -> tuple[float, float]:
+    """Beta(a0, b0) fitted by the beta-binomial method of moments to G probes of k0 rollouts each.
+
+    Each group's first k0 outcomes are an unbiased sample of its prompt, whatever happened to the group later, so with
+    p_g = s_g / k0 (G,): mu = mean p_g, v = var p_g, the intra-prompt correlation
+    rho = (k0 v / (mu (1 - mu)) - 1) / (k0 - 1) = 1 / (a0 + b0 + 1), a0 + b0 = 1 / rho - 1, a0 = mu (a0 + b0),
+    b0 = (1 - mu)(a0 + b0), each clipped to `clip`. rho <= 0 (no spread beyond the binomial's) or mu in {0, 1} give an
+    unbounded mass and the clip decides: both parameters at the upper clip, or (mu = 0) a0 at the lower and b0 at the
+    upper clip (mirrored for mu = 1). A saturated population (p near 0 or 1) gives rho near 1 and both parameters near
+    the lower clip. Returns floats (a0, b0). DESIGN section 4.
+    """
+    s = np.asarray(probe_successes, dtype=np.float64).reshape(-1)
+    if k0 < 2:
+        raise ValueError(f"the method of moments needs probes of k0 >= 2 rollouts, got k0={k0}")
+    if s.size == 0:
+        raise ValueError("no probes to fit the prior to")
+    if np.any(s < 0) or np.any(s > k0):
+        raise ValueError(f"probe successes must lie in [0, k0={k0}]")
+    p = s / k0
+    mu, v = float(p.mean()), float(p.var())
+    if 0 < mu < 1:
+        rho = (k0 * v / (mu * (1 - mu)) - 1) / (k0 - 1)
+        mass = np.inf if rho <= 0 else 1 / rho - 1
+    else:
+        mass = np.inf
+    a0 = mu * mass if mu > 0 else 0.0
+    b0 = (1 - mu) * mass if mu < 1 else 0.0
+    lo, hi = clip
+    return float(np.clip(a0, lo, hi)), float(np.clip(b0, lo, hi))
+
+
+class SaraPrior:
+    """SARA's Beta prior over each prompt's pass rate, carried from step to step (DESIGN section 4).
+
+    `beta(ids)` gives the prior (a0, b0) of each fresh prompt, `observe` records a finished step. settings.prior:
+    - flat: Beta(settings.a0, settings.b0) for every prompt, always;
+    - population: Beta(a0, b0) fitted (`fit_beta_prior`) to the probes of the last settings.window steps, refitted
+      after every step; Beta(settings.a0, settings.b0) until the first step has probes;
+    - history: the population prior plus the prompt's own past (successes, failures), each multiplied by
+      lam = settings.history_decay at every later visit: at a visit the prior is (a0 + lam S, b0 + lam F), and the
+      visit's outcomes then give S <- lam S + s, F <- lam F + f. Prompts are integer ids in [0, num_prompts).
+    The state (the window's probes, the fitted prior, the per-prompt counts) is saved with `state_dict` for resume.
+    """
+
+    def __init__(self, settings: SequentialSettings, num_prompts: int | None = None):
+        if settings.prior == "history" and not num_prompts:
+            raise ValueError("SARA's history prior keeps counts per prompt: it needs a finite set of prompt ids")
+        self.settings = settings
+        self.a0, self.b0 = settings.a0, settings.b0  # the population part, refitted after each step
+        self.window: list[np.ndarray] = []  # probe successes (G,) of the last `window` steps, oldest first
+        self.counts = np.zeros((num_prompts, 2)) if settings.prior == "history" else None  # (P, 2) decayed S, F
+
+    def beta(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """The prior (a0 (G,), b0 (G,)) of prompts ids (G,) at this visit."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        a, b = np.full(ids.size, self.a0), np.full(ids.size, self.b0)
+        if self.counts is not None:  # SARA: the prompt's own decayed history on top of the population
+            past = self.settings.history_decay * self.counts[ids]
+            a, b = a + past[:, 0], b + past[:, 1]
+        return a, b
+
+    def observe(self, ids, successes, failures, probe_successes) -> None:
+        """Record a step: every group drawn, prompts ids (G,) unique, with its successes and failures (G,) over all
+        its rollouts and the successes among its first k0 (G,). Refits the population prior for the next step."""
+        q = self.settings
+        if q.prior == "flat":
+            return
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        s, f = np.asarray(successes, dtype=np.float64), np.asarray(failures, dtype=np.float64)
+        if s.shape != ids.shape or f.shape != ids.shape or np.unique(ids).size != ids.size:
+            raise ValueError("observe needs unique prompt ids and one success and failure count per id")
+        self.window = [*self.window, np.asarray(probe_successes, dtype=np.int64).reshape(-1)][-q.window :]
+        pooled = np.concatenate(self.window)
+        if pooled.size:
+            self.a0, self.b0 = fit_beta_prior(pooled, q.k0)
+        if self.counts is not None:
+            self.counts[ids] = q.history_decay * self.counts[ids] + np.stack([s, f], axis=1)
+
+    def state_dict(self) -> dict:
+        return {
+            "prior": np.array([self.a0, self.b0]),
+            "window": np.concatenate(self.window) if self.window else np.zeros(0, dtype=np.int64),
+            "window_sizes": np.array([w.size for w in self.window], dtype=np.int64),
+            "counts": None if self.counts is None else self.counts.copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        counts = state["counts"]
+        if (counts is None) != (self.counts is None) or (counts is not None and counts.shape != self.counts.shape):
+            raise ValueError("the saved SARA prior was made with another prior setting or number of prompts")
+        self.a0, self.b0 = (float(x) for x in state["prior"])
+        sizes = np.asarray(state["window_sizes"], dtype=np.int64)
+        self.window = np.split(np.asarray(state["window"], dtype=np.int64), np.cumsum(sizes)[:-1]) if sizes.size else []
+        self.counts = None if counts is None else np.asarray(counts, dtype=np.float64).copy()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -147,7 +262,8 @@ class StepResult:
     Every drawn group ends in exactly one of: committed (trained), abandoned (dropped by the method's rule: SARA's
     E_j <= tau_lo, DS's all-equal filter; recorded per group so a caller with exact p can score the decision), or
     discarded (SARA: undecided at the wave cap; DS: a kept group beyond the first batch_size). rollouts_generated
-    counts every rollout drawn, probes and dropped groups included.
+    counts every rollout drawn, probes and dropped groups included. The drawn_* arrays hold every group drawn, in the
+    order it was first drawn, whatever became of it (what SARA's prior and DPS's predictor observe).
     """
 
     prompt_ids: np.ndarray  # (C,) int64, committed prompts in commit order
@@ -165,6 +281,11 @@ class StepResult:
     abandoned_ids: np.ndarray  # (A,) int64
     abandoned_successes: np.ndarray  # (A,) int64 successes among the abandoned group's rollouts
     abandoned_failures: np.ndarray  # (A,) int64
+    drawn_ids: np.ndarray  # (G,) int64, every group drawn
+    drawn_successes: np.ndarray  # (G,) int64 over all its rollouts drawn in this step
+    drawn_failures: np.ndarray  # (G,) int64
+    probe_successes: np.ndarray | None = None  # (G,) int64 SARA: successes among the group's first k0 rollouts
+    decisions: np.ndarray | None = None  # (3, n + 1) int64 SARA: verdicts (SaraAction rows) by rollouts drawn j
 
     @property
     def successes(self) -> np.ndarray:
@@ -178,14 +299,14 @@ class StepResult:
         return int(np.sum((k > 0) & (k < self.counts)))
 
 
-def _draw(draw: Draw, prompt_ids: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
-    """Call the rollout callback once and split its flat binary rewards into one array per prompt."""
+def _draw(draw: Draw, prompt_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Call the rollout callback once; its flat binary rewards (sum counts,), grouped by prompt in order, checked."""
     rewards = np.asarray(draw(prompt_ids, counts), dtype=np.float64)
     if rewards.shape != (int(counts.sum()),):
         raise ValueError(f"draw returned {rewards.shape} rewards for counts summing to {int(counts.sum())}")
     if np.any((rewards != 0) & (rewards != 1)):
         raise ValueError("draw must return binary rewards (0 or 1)")
-    return np.split(rewards, np.cumsum(counts)[:-1])
+    return rewards
 
 
 def _next(next_prompts: NextPrompts, k: int) -> np.ndarray:
@@ -195,26 +316,57 @@ def _next(next_prompts: NextPrompts, k: int) -> np.ndarray:
     return ids
 
 
-def _result(committed, abandoned, **accounting) -> StepResult:
-    """committed: [(prompt id, rewards (n_i,))]; abandoned: [(prompt id, successes, failures)]."""
-    counts = np.array([r.size for _, r in committed], dtype=np.int64)
-    dropped = np.array(abandoned, dtype=np.int64).reshape(-1, 3)
-    return StepResult(
-        prompt_ids=np.array([i for i, _ in committed], dtype=np.int64),
-        counts=counts,
-        rewards=np.concatenate([r for _, r in committed]) if committed else np.zeros(0),
-        rollouts_trained=int(counts.sum()),
-        groups_committed=len(committed),
-        groups_abandoned=len(abandoned),
-        abandoned_ids=dropped[:, 0],
-        abandoned_successes=dropped[:, 1],
-        abandoned_failures=dropped[:, 2],
-        **accounting,
-    )
+def _ints(parts) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# SARA's step loop
+# SARA's step loop, vectorised: the step's groups are rows of a (G, n) reward matrix
+
+
+@dataclasses.dataclass
+class _Groups:
+    """Groups in flight: prompt ids (G,), rewards (G, n) filled left to right (probes first), rollouts drawn j (G,),
+    the prior (a0, b0) each was admitted with (G,), and the order in which each was first drawn (G,)."""
+
+    ids: np.ndarray
+    rewards: np.ndarray
+    j: np.ndarray
+    a0: np.ndarray
+    b0: np.ndarray
+    order: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> _Groups:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, np.zeros((0, n)), z, np.zeros(0), np.zeros(0), z)
+
+    def __len__(self) -> int:
+        return self.ids.size
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return self.ids, self.rewards, self.j, self.a0, self.b0, self.order
+
+    def take(self, rows) -> _Groups:
+        return _Groups(*(x[rows] for x in self.arrays()))
+
+    @staticmethod
+    def concat(parts: list[_Groups], n: int) -> _Groups:
+        parts = [g for g in parts if len(g)]
+        if not parts:
+            return _Groups.empty(n)
+        return _Groups(*(np.concatenate(column) for column in zip(*(g.arrays() for g in parts), strict=True)))
+
+    def fill(self, rows: np.ndarray, counts: np.ndarray, rewards: np.ndarray) -> None:
+        """Write a draw's flat rewards (sum counts,) into rows (R,) at each row's next counts (R,) positions."""
+        start = np.cumsum(counts) - counts
+        within = np.arange(rewards.size) - np.repeat(start, counts)
+        self.rewards[np.repeat(rows, counts), np.repeat(self.j[rows], counts) + within] = rewards
+        self.j[rows] += counts
+
+    @property
+    def successes(self) -> np.ndarray:
+        return self.rewards.sum(axis=1).astype(np.int64)  # unfilled entries are 0
 
 
 def _fresh_count(
@@ -229,24 +381,22 @@ def _fresh_count(
     return slots if unheld is None else min(slots, unheld)
 
 
-def _wave(settings: SequentialSettings, n: int, draw: Draw, ids: np.ndarray, so_far: list[np.ndarray], complete: bool):
-    """One wave's draws and verdicts: one batched draw probes the fresh groups (k0) and extends the undecided ones
-    (min(chunk, n - j)), `sara_decision` judges every group, and a second draw completes the newly committed ones to n
-    when `complete`. Returns (groups, actions (G,), rollouts drawn)."""
-    chunk = np.array([min(settings.chunk, n - r.size) if r.size else settings.k0 for r in so_far], dtype=np.int64)
-    groups = [np.concatenate(pair) for pair in zip(so_far, _draw(draw, ids, chunk), strict=True)]
-    drawn = int(chunk.sum())
-    k = np.array([r.sum() for r in groups], dtype=np.int64)
-    j = np.array([r.size for r in groups], dtype=np.int64)
+def _wave(settings: SequentialSettings, n: int, draw: Draw, g: _Groups, complete: bool):
+    """One wave's draws and verdicts on the groups g (updated in place): one batched draw probes the fresh groups (k0)
+    and extends the undecided ones (min(chunk, n - j)), `sara_decision` judges every group, and a second draw completes
+    the newly committed ones to n when `complete`. Returns (actions (G,), j at the verdict (G,), rollouts drawn)."""
+    chunk = np.where(g.j > 0, np.minimum(settings.chunk, n - g.j), settings.k0)
+    g.fill(np.arange(len(g)), chunk, _draw(draw, g.ids, chunk))
     s = settings
-    action = sara_decision(k, j - k, n, s.a0, s.b0, s.k_min, s.tau_lo, s.tau_hi)
-    rest = np.where(action == SaraAction.COMMIT, n - j, 0)
-    todo = np.flatnonzero(rest) if complete else np.zeros(0, dtype=np.int64)
+    k, j = g.successes, g.j.copy()
+    action = sara_decision(k, j - k, n, g.a0, g.b0, s.k_min, s.tau_lo, s.tau_hi)
+    drawn = int(chunk.sum())
+    todo = np.flatnonzero((action == SaraAction.COMMIT) & (j < n)) if complete else np.zeros(0, dtype=np.int64)
     if todo.size:  # SARA: a committed group keeps its probes and is completed to n
-        for i, more in zip(todo, _draw(draw, ids[todo], rest[todo]), strict=True):
-            groups[i] = np.concatenate([groups[i], more])
-        drawn += int(rest[todo].sum())
-    return groups, action, drawn
+        rest = n - j[todo]
+        g.fill(todo, rest, _draw(draw, g.ids[todo], rest))
+        drawn += int(rest.sum())
+    return action, j, drawn
 
 
 def sara_step(
@@ -257,20 +407,23 @@ def sara_step(
     draw: Draw,
     next_prompts: NextPrompts,
     complete_committed: bool = True,
+    prior: SaraPrior | None = None,
 ) -> StepResult:
     """One training step of SARA: probe fresh prompts, decide, commit or abandon, refill, in batched waves.
 
     Each wave makes one draw holding a k0-rollout probe for every fresh prompt and a min(chunk, n - j) chunk for every
-    undecided group, applies `sara_decision` to every group, then (complete_committed) draws the rest of each newly
-    committed group up to n in a second call; probes stay in the group. Abandoned groups free their unspent rollouts,
-    which the next wave spends on fresh prompts from `next_prompts`. Fill mode keeps batch_size groups open (committed
-    or undecided) and stops once all batch_size are committed; budget mode (budget defaults to batch_size * n) probes
-    fresh prompts while the unheld budget can pay for a whole group, and commits as many groups as it affords. A
-    budget given in fill mode is a hard cap too. Each open group holds n rollouts of the budget until it is abandoned,
-    so rollouts_generated <= budget always. Stops when no group is open and none can be opened (target reached, budget
-    spent, stream exhausted), or after max_waves waves (groups still undecided are discarded; hit_wave_cap).
-    Shapes: see StepResult; all committed counts are n (their probe count with complete_committed=False).
-    DESIGN section 4.
+    undecided group, applies `sara_decision` to every group (each fresh prompt's Beta prior from `prior.beta`, fixed
+    for the step), then (complete_committed) draws the rest of each newly committed group up to n in a second call;
+    probes stay in the group. Abandoned groups free their unspent rollouts, which the next wave spends on fresh prompts
+    from `next_prompts`. Fill mode keeps batch_size groups open (committed or undecided) and stops once all batch_size
+    are committed; budget mode (budget defaults to batch_size * n) probes fresh prompts while the unheld budget can pay
+    for a whole group, and commits as many groups as it affords. A budget given in fill mode is a hard cap too. Each
+    open group holds n rollouts of the budget until it is abandoned, so rollouts_generated <= budget always. Stops
+    when no group is open and none can be opened (target reached, budget spent, stream exhausted), or after max_waves
+    waves (groups still undecided are discarded; hit_wave_cap). `prior` is needed unless settings.prior is flat; the
+    caller records the step in it afterwards (`SaraPrior.observe`). The groups are rows of one reward matrix, so a
+    wave costs a few array operations whatever its number of groups. Shapes: see StepResult; all committed counts are
+    n (their probe count with complete_committed=False). DESIGN section 4.
     """
     if not 1 <= settings.k0 <= n:
         raise ValueError(f"the first probe k0={settings.k0} must lie in [1, n={n}]")
@@ -280,45 +433,75 @@ def sara_step(
         budget = batch_size * n
     if budget is not None and budget < 0:
         raise ValueError(f"budget must be non-negative, got {budget}")
-    live_ids = np.zeros(0, dtype=np.int64)  # undecided groups, in admission order
-    live: list[np.ndarray] = []  # their rewards so far
-    committed: list[tuple[int, np.ndarray]] = []
-    abandoned: list[tuple[int, int, int]] = []
+    if prior is None and settings.prior != "flat":
+        raise ValueError(f"prior={settings.prior} carries state across steps: pass prior=SaraPrior(settings, ...)")
+    prior = prior if prior is not None else SaraPrior(settings)
+    live = _Groups.empty(n)  # undecided groups, in admission order
+    done: dict[str, list] = {"committed": [], "abandoned": []}  # _Groups per wave, in verdict order
+    decisions = np.zeros((3, n + 1), dtype=np.int64)
     spent = prompts_drawn = waves = held_by_caller = 0  # held_by_caller: unspent n - j of groups committed uncompleted
+    committed = 0
     exhausted = hit_cap = False
     while True:
-        held, open_groups = held_by_caller + sum(n - r.size for r in live), len(committed) + len(live)
+        held, open_groups = held_by_caller + int(n * len(live) - live.j.sum()), committed + len(live)
         fresh = 0 if exhausted else _fresh_count(settings, n, batch_size, budget, spent, open_groups, held)
-        if not live and fresh <= 0:
+        if not len(live) and fresh <= 0:
             break
         if waves == settings.max_waves:
             hit_cap = True
             break
         new_ids = _next(next_prompts, fresh) if fresh > 0 else np.zeros(0, dtype=np.int64)
         exhausted = exhausted or new_ids.size < fresh
-        prompts_drawn += new_ids.size
-        if not live and new_ids.size == 0:
+        if not len(live) and new_ids.size == 0:
             break
+        a0, b0 = prior.beta(new_ids)
+        order = np.arange(prompts_drawn, prompts_drawn + new_ids.size)
+        prompts_drawn += new_ids.size
         waves += 1
-        ids = np.concatenate([live_ids, new_ids])
-        groups, action, drawn = _wave(settings, n, draw, ids, live + [np.zeros(0)] * new_ids.size, complete_committed)
+        fresh_groups = _Groups(new_ids, np.zeros((new_ids.size, n)), np.zeros(new_ids.size, dtype=np.int64), a0, b0,
+                               order)  # fmt: skip
+        g = _Groups.concat([live, fresh_groups], n)
+        action, j, drawn = _wave(settings, n, draw, g, complete_committed)
         spent += drawn
-        for i in np.flatnonzero(action == SaraAction.ABANDON):  # SARA: early verdict, unspent rollouts freed
-            abandoned.append((int(ids[i]), int(groups[i].sum()), int(groups[i].size - groups[i].sum())))
-        for i in np.flatnonzero(action == SaraAction.COMMIT):
-            committed.append((int(ids[i]), groups[i]))
-            held_by_caller += n - groups[i].size
-        keep = np.flatnonzero(action == SaraAction.CONTINUE)
-        live_ids, live = ids[keep], [groups[i] for i in keep]
-    return _result(
-        committed,
-        abandoned,
+        np.add.at(decisions, (action, j), 1)
+        commit = np.flatnonzero(action == SaraAction.COMMIT)
+        done["committed"].append(g.take(commit))
+        done["abandoned"].append(g.take(np.flatnonzero(action == SaraAction.ABANDON)))  # SARA: unspent rollouts freed
+        committed += commit.size
+        held_by_caller += int(np.sum(n - g.j[commit]))
+        live = g.take(np.flatnonzero(action == SaraAction.CONTINUE))
+    return _sara_result(settings, n, batch_size, done, live, decisions, spent, prompts_drawn, waves, hit_cap)
+
+
+def _sara_result(settings, n, batch_size, done, live, decisions, spent, prompts_drawn, waves, hit_cap) -> StepResult:
+    """Assemble sara_step's StepResult from its committed and abandoned groups (in verdict order) and the groups
+    still undecided at the end (discarded)."""
+    kept, dropped = _Groups.concat(done["committed"], n), _Groups.concat(done["abandoned"], n)
+    every = _Groups.concat([kept, dropped, live], n)
+    first = np.argsort(every.order, kind="stable")  # every group drawn, in the order it was first drawn
+    every = every.take(first)
+    k = every.successes
+    return StepResult(
+        prompt_ids=kept.ids,
+        counts=kept.j,
+        rewards=kept.rewards[np.arange(n) < kept.j[:, None]],  # row by row: grouped, each in draw order
         rollouts_generated=spent,
+        rollouts_trained=int(kept.j.sum()),
+        groups_committed=len(kept),
+        groups_abandoned=len(dropped),
         groups_discarded=len(live),
         prompts_drawn=prompts_drawn,
         waves=waves,
         hit_wave_cap=hit_cap,
-        shortfall=max(batch_size - len(committed), 0) if settings.mode == "fill" else 0,
+        shortfall=max(batch_size - len(kept), 0) if settings.mode == "fill" else 0,
+        abandoned_ids=dropped.ids,
+        abandoned_successes=dropped.successes,
+        abandoned_failures=dropped.j - dropped.successes,
+        drawn_ids=every.ids,
+        drawn_successes=k,
+        drawn_failures=every.j - k,
+        probe_successes=every.rewards[:, : settings.k0].sum(axis=1).astype(np.int64),
+        decisions=decisions,
     )
 
 
@@ -369,33 +552,45 @@ def ds_step(
     """
     if n < 1 or batch_size < 1 or gen_batch < 1 or max_rounds < 1:
         raise ValueError(f"need n, batch_size, gen_batch, max_rounds >= 1, got {n, batch_size, gen_batch, max_rounds}")
-    kept: list[tuple[int, np.ndarray]] = []
-    saturated: list[tuple[int, int, int]] = []
-    rounds = prompts_drawn = 0
+    ids_parts, reward_parts = [], []
+    rounds = prompts_drawn = kept = 0
     exhausted = False
-    while len(kept) < batch_size and rounds < max_rounds and not exhausted:
+    while kept < batch_size and rounds < max_rounds and not exhausted:
         ids = _next(next_prompts, gen_batch)
         exhausted = ids.size < gen_batch
         if ids.size == 0:
             break
         rounds += 1
         prompts_drawn += ids.size
-        for i, r in zip(ids, _draw(draw, ids, np.full(ids.size, n)), strict=True):
-            k = int(r.sum())
-            if 0 < k < n:
-                kept.append((int(i), r))
-            else:
-                saturated.append((int(i), k, n - k))
-    trained = kept[:batch_size]
-    return _result(
-        trained,
-        saturated,
+        rewards = _draw(draw, ids, np.full(ids.size, n)).reshape(ids.size, n)
+        k = rewards.sum(axis=1)
+        kept += int(np.count_nonzero((k > 0) & (k < n)))
+        ids_parts.append(ids)
+        reward_parts.append(rewards)
+    ids = _ints(ids_parts)
+    rewards = np.concatenate(reward_parts) if reward_parts else np.zeros((0, n))  # (G, n), every group drawn
+    k = rewards.sum(axis=1).astype(np.int64)
+    mixed = np.flatnonzero((k > 0) & (k < n))
+    trained, dropped = mixed[:batch_size], np.flatnonzero((k == 0) | (k == n))
+    return StepResult(
+        prompt_ids=ids[trained],
+        counts=np.full(trained.size, n, dtype=np.int64),
+        rewards=rewards[trained].reshape(-1),
         rollouts_generated=prompts_drawn * n,
-        groups_discarded=len(kept) - len(trained),
+        rollouts_trained=trained.size * n,
+        groups_committed=trained.size,
+        groups_abandoned=dropped.size,
+        groups_discarded=mixed.size - trained.size,
         prompts_drawn=prompts_drawn,
         waves=rounds,
-        hit_wave_cap=len(kept) < batch_size and rounds == max_rounds and not exhausted,
-        shortfall=batch_size - len(trained),
+        hit_wave_cap=mixed.size < batch_size and rounds == max_rounds and not exhausted,
+        shortfall=batch_size - trained.size,
+        abandoned_ids=ids[dropped],
+        abandoned_successes=k[dropped],
+        abandoned_failures=n - k[dropped],
+        drawn_ids=ids,
+        drawn_successes=k,
+        drawn_failures=n - k,
     )
 
 

@@ -122,3 +122,27 @@ def test_settings_a_method_does_not_read_do_not_change_the_run(tmp_path):
     RunDir(tmp_path / "vllm", {"engine": "vllm", "vllm": {"dtype": None}}).finish()
     with pytest.raises(RunExistsError, match="different config"):
         finished_summary(tmp_path / "vllm", {"engine": "vllm", "vllm": {"dtype": "bfloat16"}})
+
+
+def test_sequential_runs_made_before_the_sara_prior_are_recognised(tmp_path):
+    """Runs made before SARA's prior existed (k0 = 4, no prior, window or history_decay: the flat prior) are the same
+    run as today's config with prior=flat and k0=4; with today's defaults (the population prior, k0 = 2) they are
+    not. DS and DPS read none of SARA's settings, so a new SARA default leaves their old runs recognised; their own
+    settings still matter."""
+    from sera.runlog import finished_summary
+
+    old = {"k0": 4, "k_min": 2, "chunk": 2, "tau_lo": 0.45, "tau_hi": 0.95, "max_waves": 16, "mode": "fill",
+           "gen_batch": None, "max_rounds": 10, "dps_ratio": 8, "dps_decay": 0.5}  # fmt: skip
+    today = old | {"k0": 2, "prior": "population", "window": 20, "history_decay": 0.7}
+    for name in ("sara", "ds", "dps"):
+        RunDir(tmp_path / name, {"method": {"name": name, "sequential": old}, "eval": {"every": 1}}).finish()
+    flat = today | {"k0": 4, "prior": "flat"}
+    added = {"eval": {"every": 1, "at_start": False}}  # a measurement added later, at its old value
+    assert finished_summary(tmp_path / "sara", {"method": {"name": "sara", "sequential": flat}} | added) == {}
+    with pytest.raises(RunExistsError, match="different config"):
+        finished_summary(tmp_path / "sara", {"method": {"name": "sara", "sequential": today}} | added)
+    for name in ("ds", "dps"):
+        assert finished_summary(tmp_path / name, {"method": {"name": name, "sequential": today}} | added) == {}
+    with pytest.raises(RunExistsError, match="different config"):
+        fair = {"method": {"name": "dps", "sequential": today | {"dps_decay": 0.7}}}
+        finished_summary(tmp_path / "dps", fair | added)

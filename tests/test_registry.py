@@ -83,3 +83,19 @@ def test_a_new_method_is_one_registry_entry_and_one_config_file(tmp_path, monkey
     assert "## SERA minus MaxRL" in verdict and "## SERA (clip 1/32) minus MaxRL" in verdict
     clip_block = verdict.split("## SERA (clip 1/32) minus MaxRL")[1]
     assert "+4.00 [+4.00, +4.00]" in clip_block.splitlines()[4]  # every image's p is 4 pp above MaxRL's
+
+
+def test_sequential_settings_name_runs_and_are_checked_against_the_study():
+    """A sequential setting the allocator reads and that is not the default names the run (the fair-DPS arm, the
+    flat SARA of earlier runs); settings it does not read do not. SARA's history prior needs prompts that recur."""
+    fair = compose_cfg(CONFIGS, "method=dps", "method.sequential.dps_ratio=64", "method.sequential.dps_decay=0.7",
+                       "method.sequential.k0=4")  # fmt: skip
+    assert MethodSettings.from_config(fair, Study("t")).variant() == "-dps_ratio=64-dps_decay=0.7"
+    flat = compose_cfg(CONFIGS, "method=sara", "method.sequential.prior=flat", "method.sequential.k0=4")
+    assert MethodSettings.from_config(flat, Study("t")).variant() == "-k0=4-prior=flat"
+    assert MethodSettings.from_config(compose_cfg(CONFIGS, "method=sara+maxrl"), Study("t")).variant() == ""
+    history = compose_cfg(CONFIGS, "method=sara", "method.sequential.prior=history")
+    with pytest.raises(ValueError, match="prior=history"):
+        MethodSettings.from_config(history, Study("t", repeated_prompts=False))
+    with pytest.raises(ValueError, match="k0 >= 2"):
+        MethodSettings.from_config(compose_cfg(CONFIGS, "method=sara", "method.sequential.k0=1"), Study("t"))

@@ -1,4 +1,5 @@
-"""SARA's effectiveness predictor against enumeration and Monte Carlo, its step loop's budget and accounting
+"""SARA's effectiveness predictor against enumeration and Monte Carlo, its priors (the method-of-moments fit, the
+population and history priors by hand and on constructed populations), its step loop's budget and accounting
 invariants (hypothesis), DS's dynamic sampling, and DPS's chain against hand-computed values."""
 
 import itertools
@@ -10,18 +11,24 @@ from hypothesis import strategies as st
 from scipy.stats import betabinom
 
 from sera.sequential import (
+    PRIOR_CLIP,
+    PRIORS,
     DynamicsPredictor,
     SaraAction,
+    SaraPrior,
     SequentialSettings,
     dps_prompts,
     dps_select,
     ds_step,
     effective_probability,
+    fit_beta_prior,
     mixed_probability,
     sara_decision,
     sara_step,
     sera_counts_after_probe,
 )
+
+FLAT = {"prior": "flat", "k0": 4}  # the rule as first specified: every all-equal probe of 4 is abandoned at once
 
 # ----------------------------------------------------------------------------------------------------------------------
 # A simulated policy: prompt i succeeds with probability p[i]; every reward handed out is recorded.
@@ -176,6 +183,117 @@ def test_sara_settings_validate(kwargs, match):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# SARA's prior
+
+
+@pytest.mark.parametrize("a, b, k0", [(0.3, 0.6, 2), (2.0, 5.0, 4), (8.0, 2.0, 8)])
+def test_fit_beta_prior_recovers_the_population(a, b, k0):
+    """Probes of k0 rollouts from 400,000 prompts with p ~ Beta(a, b): the method of moments gives back (a, b) within
+    5% (its sampling error at this size is below 2%)."""
+    rng = np.random.default_rng(12)
+    s = rng.binomial(k0, rng.beta(a, b, 400_000))
+    np.testing.assert_allclose(fit_beta_prior(s, k0), (a, b), rtol=0.05)
+
+
+def test_fit_beta_prior_at_the_clip():
+    lo, hi = PRIOR_CLIP
+    assert fit_beta_prior(np.tile([0, 2], 500), 2) == (lo, lo)  # saturated: rho = 1, no mass
+    assert fit_beta_prior(np.zeros(100), 2) == (lo, hi)  # mu = 0: all mass on failure
+    assert fit_beta_prior(np.full(100, 4), 4) == (hi, lo)
+    assert fit_beta_prior(np.tile([0, 1, 1, 2], 250), 2) == (hi, hi)  # exactly binomial(2, 1/2): rho = 0
+    assert fit_beta_prior(np.ones(100), 2) == (hi, hi)  # under-dispersed: rho < 0
+    for args, match in [((np.zeros(0), 2), "no probes"), ((np.ones(3), 1), "k0 >= 2"), ((np.full(3, 3), 2), "lie in")]:
+        with pytest.raises(ValueError, match=match):
+            fit_beta_prior(*args)
+
+
+def test_population_prior_is_flat_until_data_then_fits_the_last_window_steps():
+    config = SequentialSettings(window=2)  # population, k0 = 2
+    prior = SaraPrior(config)
+    assert [x.tolist() for x in prior.beta([3, 4])] == [[1.0, 1.0], [1.0, 1.0]]
+    steps = [np.tile([0, 2], 50), np.tile([0, 1, 1, 2], 25), np.full(100, 1)]
+    for i, probes in enumerate(steps):
+        prior.observe(np.arange(100), probes, 2 - probes, probes)
+        expected = fit_beta_prior(np.concatenate(steps[max(0, i - 1) : i + 1]), 2)
+        assert (prior.a0, prior.b0) == expected
+        assert prior.beta([7])[0][0] == expected[0] and prior.beta([7])[1][0] == expected[1]
+    copy = SaraPrior(config)
+    copy.load_state_dict(prior.state_dict())
+    prior.observe([0], [2], [0], [2])
+    copy.observe([0], [2], [0], [2])
+    assert (copy.a0, copy.b0) == (prior.a0, prior.b0)
+
+
+def test_history_prior_by_hand():
+    """lam = 0.7. Visit 1 observes 3 successes and 1 failure; at visit 2 the prior is the population's plus
+    0.7 * (3, 1) = (2.1, 0.7); visit 2 observes (2, 2), so at visit 3 it adds 0.7 * (0.7 * 3 + 2, 0.7 * 1 + 2)."""
+    prior = SaraPrior(SequentialSettings(prior="history"), num_prompts=5)
+    prior.observe([1, 2], [3, 0], [1, 2], [1, 0])
+    pop = np.array([prior.a0, prior.b0])
+    np.testing.assert_allclose(np.stack(prior.beta([1, 2, 0])), pop[:, None] + [[2.1, 0.0, 0.0], [0.7, 1.4, 0.0]])
+    prior.observe([1], [2], [2], [1])
+    pop = np.array([prior.a0, prior.b0])
+    np.testing.assert_allclose(np.ravel(prior.beta([1])), pop + 0.7 * np.array([0.7 * 3 + 2, 0.7 * 1 + 2]))
+    np.testing.assert_allclose(np.ravel(prior.beta([2])), pop + [0.0, 1.4])  # not visited: unchanged
+    with pytest.raises(ValueError, match="finite set"):
+        SaraPrior(SequentialSettings(prior="history"))
+    with pytest.raises(ValueError, match="another prior"):
+        SaraPrior(SequentialSettings(), 5).load_state_dict(prior.state_dict())
+
+
+def run_steps(config, p, pool, steps, batch_size=32, seed=0):
+    """`steps` SARA steps (n = 8) over a pool of prompts that recurs every step in a new order, the prior carried
+    across them; returns the last step's result and its simulator."""
+    prior = SaraPrior(config, len(p))
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        sim = Simulator(p, seed + step)
+        order = iter(rng.permutation(pool))
+        stream = lambda k, order=order: np.array(list(itertools.islice(order, k)), dtype=np.int64)  # noqa: E731
+        result = sara_step(config, 8, batch_size, None, sim.draw, stream, prior=prior)
+        prior.observe(result.drawn_ids, result.drawn_successes, result.drawn_failures, result.probe_successes)
+    return result, sim
+
+
+def test_defaults_continue_groups_on_a_spread_population():
+    """p ~ U(0, 1): the fitted prior is near flat, so two identical outcomes (E_2 near 6/9) are continued and the group
+    is abandoned later (E_4 near 4/9, just below or above tau_lo = 0.45 as the fit moves; E_6 near 2/9): the rule is
+    sequential."""
+    config = SequentialSettings()
+    assert (config.prior, config.k0, config.chunk) == ("population", 2, 2)
+    p = np.random.default_rng(13).uniform(size=4000)
+    result, _ = run_steps(config, p, np.arange(4000), steps=3, batch_size=256)
+    d = result.decisions
+    assert d[SaraAction.CONTINUE, 2] > 0 and d[SaraAction.ABANDON, 4:].sum() == result.groups_abandoned > 0
+    assert d[SaraAction.COMMIT, 4:].sum() > 0  # continued groups that turned mixed
+
+
+def test_defaults_abandon_at_two_on_a_saturated_population():
+    """Every prompt has p = 0 or 1: the first step's flat prior abandons after 4, the fitted prior (both parameters
+    at the lower clip) after the first probe of 2, and nothing is continued."""
+    p = np.tile([0.0, 1.0], 1000)
+    first, _ = run_steps(SequentialSettings(max_waves=4), p, np.arange(2000), steps=1)
+    assert first.decisions[SaraAction.ABANDON, 4] == first.groups_abandoned > 0
+    result, _ = run_steps(SequentialSettings(max_waves=4), p, np.arange(2000), steps=2)
+    d = result.decisions
+    assert d[SaraAction.ABANDON, 2] == result.groups_abandoned == result.prompts_drawn > 0
+    assert d[SaraAction.CONTINUE].sum() == 0
+
+
+def test_history_prior_commits_before_the_group_is_mixed():
+    """A saturated pool of 200 prompts and 100 with p = 1/2, all recurring every step. Under the history prior a
+    p = 1/2 prompt's past mixed groups lift its prior so that two identical outcomes already give E_2 >= tau_hi: the
+    group is committed before it is mixed. The population prior alone never does that here (its E_2 after two
+    identical outcomes stays below tau_hi), so those groups are continued instead."""
+    p = np.concatenate([np.full(100, 0.5), np.tile([0.0, 1.0], 100)])
+    for prior, commits_unmixed in (("history", True), ("population", False)):
+        result, sim = run_steps(SequentialSettings(prior=prior), p, np.arange(300), steps=8, batch_size=64)
+        unmixed_at_two = [i for i in result.prompt_ids if len(set(sim.history[int(i)][:2])) == 1]
+        assert (result.decisions[SaraAction.COMMIT, 2] > 0 and len(unmixed_at_two) > 0) == commits_unmixed
+        assert all(sim.p[i] == 0.5 for i in result.prompt_ids)  # saturated prompts are never trained
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # SARA's step loop
 
 
@@ -183,7 +301,8 @@ def test_sara_settings_validate(kwargs, match):
 def test_sara_step_abandons_unsolvable_prompts_after_four_rollouts(k0, delta):
     """Every schedule that reaches j = 4 decides there (flat prior, n = 8, tau_lo = 0.45)."""
     sim = Simulator(np.zeros(1000))
-    result = sara_step(SequentialSettings(k0=k0, chunk=delta, max_waves=8), 8, 16, None, sim.draw, Stream(1000))
+    config = SequentialSettings(k0=k0, chunk=delta, max_waves=8, prior="flat")
+    result = sara_step(config, 8, 16, None, sim.draw, Stream(1000))
     assert result.groups_committed == 0 and result.groups_abandoned >= 16
     assert result.abandoned_failures.tolist() == [4] * result.groups_abandoned
     assert result.abandoned_successes.tolist() == [0] * result.groups_abandoned
@@ -194,7 +313,7 @@ def test_sara_step_abandons_unsolvable_prompts_after_four_rollouts(k0, delta):
 def test_sara_step_fill_mode_accounting_and_probes_kept_in_the_group():
     sim = Simulator(np.random.default_rng(2).uniform(size=5000), seed=3)
     stream = Stream()
-    result = sara_step(SequentialSettings(), 8, 64, None, sim.draw, stream)
+    result = sara_step(SequentialSettings(**FLAT), 8, 64, None, sim.draw, stream)
     assert result.groups_committed == 64 and result.shortfall == 0 and not result.hit_wave_cap
     assert np.all(result.counts == 8) and result.rewards.shape == (64 * 8,)
     assert result.rollouts_trained == 64 * 8
@@ -222,37 +341,57 @@ def test_sara_step_fill_mode_accounting_and_probes_kept_in_the_group():
     mode=st.sampled_from(["fill", "budget"]),
     complete=st.booleans(),
     max_waves=st.integers(1, 8),
+    prior=st.sampled_from(PRIORS),
     seed=st.integers(0, 2**16),
 )
 def test_sara_step_never_exceeds_the_budget(
-    n, batch_size, budget_groups, k0, delta, k_min, tau_lo, mode, complete, max_waves, seed
+    n, batch_size, budget_groups, k0, delta, k_min, tau_lo, mode, complete, max_waves, prior, seed
 ):
+    """Budget, accounting and group contents over three steps of a pool that recurs, the prior carried across them."""
     rng = np.random.default_rng(seed)
     p = np.where(rng.random(500) < 0.4, rng.integers(0, 2, 500), rng.uniform(size=500))  # 40% saturated prompts
-    sim = Simulator(p, seed)
-    stream = Stream(int(rng.integers(0, 500)))
-    budget = int(budget_groups * batch_size * n)
+    k0 = min(k0, n) if prior == "flat" else min(max(k0, 2), n)
     config = SequentialSettings(
-        k0=min(k0, n), chunk=delta, k_min=k_min, tau_lo=tau_lo, mode=mode, max_waves=max_waves,
+        k0=k0, chunk=delta, k_min=k_min, tau_lo=tau_lo, mode=mode, max_waves=max_waves, prior=prior,
     )  # fmt: skip
-    result = sara_step(config, n, batch_size, budget, sim.draw, stream, complete_committed=complete)
-    assert result.rollouts_generated <= budget
-    assert result.rollouts_generated == sim.returned
-    assert result.prompts_drawn == stream.issued
-    assert result.waves <= max_waves
-    assert result.rollouts_trained == result.counts.sum() == result.rewards.size
-    assert np.all(result.counts <= n) and (not complete or np.all(result.counts == n))
-    assert result.groups_committed + result.groups_abandoned + result.groups_discarded == result.prompts_drawn
-    if mode == "fill":
-        assert result.groups_committed <= batch_size
-        assert result.shortfall == batch_size - result.groups_committed
+    state = SaraPrior(config, 500)
+    budget = int(budget_groups * batch_size * n)
+    for step in range(3):
+        sim = Simulator(p, seed + step)
+        stream = Stream(int(rng.integers(0, 500)))
+        result = sara_step(config, n, batch_size, budget, sim.draw, stream, complete_committed=complete, prior=state)
+        assert result.rollouts_generated <= budget
+        assert result.rollouts_generated == sim.returned
+        assert result.prompts_drawn == stream.issued == result.drawn_ids.size
+        assert result.waves <= max_waves
+        assert result.rollouts_trained == result.counts.sum() == result.rewards.size
+        assert np.all(result.counts <= n) and (not complete or np.all(result.counts == n))
+        assert result.groups_committed + result.groups_abandoned + result.groups_discarded == result.prompts_drawn
+        if mode == "fill":
+            assert result.groups_committed <= batch_size
+            assert result.shortfall == batch_size - result.groups_committed
+        # every verdict counted once, at the rollouts drawn when it was given
+        d = result.decisions
+        assert d[SaraAction.COMMIT].sum() == result.groups_committed
+        assert d[SaraAction.ABANDON].sum() == result.groups_abandoned
+        assert d[SaraAction.COMMIT] @ np.arange(n + 1) <= result.rollouts_trained
+        # each group is every rollout drawn for its prompt, in draw order; the probe is its first k0
+        groups = np.split(result.rewards, np.cumsum(result.counts)[:-1]) if result.counts.size else []
+        for i, r in zip(result.prompt_ids, groups, strict=True):
+            assert r.tolist() == sim.history[int(i)]
+        assert result.drawn_ids.tolist() == sorted(sim.history)  # in the order first drawn (the stream's order)
+        for i, s, f, k in zip(result.drawn_ids, result.drawn_successes, result.drawn_failures,
+                              result.probe_successes, strict=True):  # fmt: skip
+            drawn = sim.history[int(i)]
+            assert (s, f, k) == (sum(drawn), len(drawn) - sum(drawn), sum(drawn[:k0]))
+        state.observe(result.drawn_ids, result.drawn_successes, result.drawn_failures, result.probe_successes)
 
 
 @pytest.mark.parametrize("mode", ["fill", "budget"])
 def test_all_saturated_batch_terminates_and_reports_the_cap(mode):
     sim = Simulator(np.tile([0.0, 1.0], 50_000))
     budget = 8 * 1000 if mode == "budget" else None  # each wave spends half of what is left: ~10 waves to spend it
-    result = sara_step(SequentialSettings(max_waves=5, mode=mode), 8, 32, budget, sim.draw, Stream())
+    result = sara_step(SequentialSettings(max_waves=5, mode=mode, **FLAT), 8, 32, budget, sim.draw, Stream())
     assert result.hit_wave_cap and result.waves == 5
     assert result.groups_committed == 0 and result.rollouts_trained == 0 and result.rewards.size == 0
     assert result.rollouts_generated == 4 * result.prompts_drawn == sim.returned
@@ -260,14 +399,14 @@ def test_all_saturated_batch_terminates_and_reports_the_cap(mode):
 
 
 def test_exhausted_stream_stops_without_the_cap():
-    result = sara_step(SequentialSettings(), 8, 32, None, Simulator(np.ones(10)).draw, Stream(10))
+    result = sara_step(SequentialSettings(**FLAT), 8, 32, None, Simulator(np.ones(10)).draw, Stream(10))
     assert not result.hit_wave_cap and result.groups_committed == 0 and result.shortfall == 32
     assert result.prompts_drawn == 10 and result.groups_abandoned == 10
 
 
 def test_budget_mode_spends_the_budget_and_commits_more_than_b_when_prompts_saturate():
     sim = Simulator(np.tile([0.0, 0.5], 5000), seed=4)
-    result = sara_step(SequentialSettings(mode="budget"), 8, 32, None, sim.draw, Stream())
+    result = sara_step(SequentialSettings(mode="budget", **FLAT), 8, 32, None, sim.draw, Stream())
     assert result.rollouts_generated <= 32 * 8
     assert result.rollouts_generated > 32 * 8 - 8  # stops only when the rest cannot pay for a whole group
     # uniform allocation of the same budget (the first 32 prompts, 16 with p = 0) gets at most 16 mixed groups;
@@ -284,7 +423,7 @@ def test_abandonment_error_is_calibrated_and_below_tau_lo(a0, b0):
     n, tau_lo = 8, 0.45
     rng = np.random.default_rng(5)
     sim = Simulator(rng.beta(a0, b0, 20_000), seed=6)
-    config = SequentialSettings(a0=a0, b0=b0, tau_lo=tau_lo, mode="budget")
+    config = SequentialSettings(a0=a0, b0=b0, tau_lo=tau_lo, mode="budget", **FLAT)
     result = sara_step(config, n, 2000, None, sim.draw, Stream(20_000))
     s, f = result.abandoned_successes, result.abandoned_failures
     assert result.groups_abandoned > 500
@@ -302,9 +441,11 @@ def test_sara_step_rejects_bad_arguments():
     with pytest.raises(ValueError, match="k0"):
         sara_step(SequentialSettings(k0=9), 8, 4, None, sim.draw, Stream())
     with pytest.raises(ValueError, match="binary"):
-        sara_step(SequentialSettings(), 8, 4, None, lambda ids, c: np.full(int(c.sum()), 0.5), Stream())
+        sara_step(SequentialSettings(**FLAT), 8, 4, None, lambda ids, c: np.full(int(c.sum()), 0.5), Stream())
     with pytest.raises(ValueError, match="rewards for counts"):
-        sara_step(SequentialSettings(), 8, 4, None, lambda ids, c: np.zeros(3), Stream())
+        sara_step(SequentialSettings(**FLAT), 8, 4, None, lambda ids, c: np.zeros(3), Stream())
+    with pytest.raises(ValueError, match="pass prior=SaraPrior"):  # the default prior carries state: never implicit
+        sara_step(SequentialSettings(), 8, 4, None, sim.draw, Stream())
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -317,7 +458,7 @@ def test_sara_plus_dps_takes_a_dps_ranked_prompt_stream():
     predictor.update(np.arange(400), np.where(np.arange(400) % 2 == 0, 4, 8), 8)
     sim = Simulator(np.full(400, 0.5), seed=7)
     stream = Stream(400)
-    result = sara_step(SequentialSettings(), 8, 16, None, sim.draw, dps_prompts(predictor, stream, ratio=4))
+    result = sara_step(SequentialSettings(**FLAT), 8, 16, None, sim.draw, dps_prompts(predictor, stream, ratio=4))
     assert result.groups_committed == 16
     assert set(sim.history) and all(i % 2 == 0 for i in sim.history)
     assert stream.issued == 4 * result.prompts_drawn  # each pool holds ratio * k candidates
@@ -329,7 +470,7 @@ def test_sara_plus_sera_spreads_the_rest_of_the_budget_over_the_probed_groups(mo
     n, batch_size = 8, 32
     budget = n * batch_size
     sim = Simulator(np.random.default_rng(8).uniform(0.02, 0.98, 2000), seed=9)
-    config = SequentialSettings(mode=mode)
+    config = SequentialSettings(mode=mode, **FLAT)
     budget_arg = budget if mode == "budget" else None
     result = sara_step(config, n, batch_size, budget_arg, sim.draw, Stream(), complete_committed=False)
     assert np.all(result.counts < n)  # committed on their probes, not completed

@@ -155,16 +155,17 @@ class ImagePrompts:
         return self.probs_for(rows).double().numpy()[np.arange(rows.size), self.y[rows]]
 
 
-def sequential_rollouts(settings: MethodSettings, prompts: ImagePrompts, batch: int, generator, predictor=None):
+def sequential_rollouts(settings: MethodSettings, prompts: ImagePrompts, batch: int, generator, state=None):
     """The step's rollouts by a sequential allocator: images taken from `prompts` as the allocator asks, labels drawn
-    from their softmax. Returns (labels (N,) grouped like out.rewards, Collected); out.prompts index `prompts`."""
+    from their softmax; `state` is what the allocator carries across steps (sera.collect.sequential_state). Returns
+    (labels (N,) grouped like out.rewards, Collected); out.prompts index `prompts`."""
 
     def draw(counts):  # only the images with rollouts in this call are sampled (and forwarded, if new)
         use = np.flatnonzero(counts)
         local, labels = RowSampler(prompts.probs_for(use)).sample(counts[use], generator)
         return labels, (labels == prompts.y[use[local]]).astype(np.float64)
 
-    out = collect(settings, batch, draw, stream=prompts, predictor=predictor)
+    out = collect(settings, batch, draw, stream=prompts, state=state)
     labels = np.concatenate(out.payloads) if out.payloads else np.zeros(0, dtype=np.int64)
     return (labels if out.order is None else labels[out.order]), out
 

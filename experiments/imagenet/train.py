@@ -48,13 +48,12 @@ from experiments.imagenet.policy import (
     step_metrics,
 )
 from sera.allocation import scale_factor
-from sera.collect import generation_metrics
+from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings
 from sera.distributed import all_gather
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
-from sera.sequential import DynamicsPredictor
 from sera.threads import set_torch_threads
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -76,6 +75,9 @@ def validate(cfg) -> MethodSettings:
         raise ValueError(f"train.steps={cfg.train.steps} leaves no RL steps after {cfg.train.warm_start_steps} CE")
     if cfg.eval.grad_cos_every < 1:
         raise ValueError(f"eval.grad_cos_every must be >= 1, got {cfg.eval.grad_cos_every}")
+    if cfg.eval.at_start and (cfg.train.warm_start_steps < 1 or not settings.is_rl):
+        raise ValueError("eval.at_start evaluates the model after the CE warm start: it needs an RL method and "
+                         "train.warm_start_steps >= 1")  # fmt: skip
     if cfg.data.name == "imagenet":
         check_imagenet_root(cfg.data.root)
     elif cfg.data.name != "digits1000":
@@ -204,9 +206,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
     warm = cfg.train.warm_start_steps if rl else 0  # Direct CE is one CE phase; the warm start is its prefix
     history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
     sequential = rl and settings.sampler.stream  # DS, DPS, SARA: images drawn as the step goes
-    predictor = None
-    if settings.sampler.predictor:
-        predictor = DynamicsPredictor(stream.num, settings.sequential.dps_decay)
+    seq_state = sequential_state(settings, stream.num)  # DPS's predictor, SARA's prior: carried across steps
     skips = SkipGuard(cfg.run.max_skipped_steps)
     sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
     optimizer = make_optimizer(cfg, params)
@@ -224,8 +224,8 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         optimizer.load_state_dict(state["optimizer"])
         stream.load_state_dict(state["stream"])
         history.load_state_dict(state["history"])
-        if predictor is not None:
-            predictor.load_state_dict(state["predictor"])
+        if seq_state is not None:
+            seq_state.load_state_dict(state.get("sequential") or state["predictor"])  # "predictor": older checkpoints
         gen_state, torch_state = state["rng"][rank]
         sample_gen.set_state(gen_state)
         torch.set_rng_state(torch_state)
@@ -253,7 +253,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         metrics, rl_step = {}, rl and step >= warm
         if sequential and rl_step:  # the allocator takes images as it goes; the loss is on the groups it trains
             prompts = ImagePrompts(stream, model, device)
-            labels, collected = sequential_rollouts(settings, prompts, cfg.train.batch_size, sample_gen, predictor)
+            labels, collected = sequential_rollouts(settings, prompts, cfg.train.batch_size, sample_gen, seq_state)
             chosen = collected.prompts
             metrics |= abandonment_error(collected, prompts.p_true, settings.n0)
             idx, y = torch.from_numpy(prompts.ids[chosen]), torch.from_numpy(prompts.y[chosen])
@@ -295,10 +295,13 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         metrics["time/threads"] = threads
 
         is_last = step == total_steps - 1
-        if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last):
+        at_start = cfg.eval.at_start and rl and step + 1 == warm  # the model RL starts from (closed form: no RNG)
+        if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last or at_start):
             final, p_val = evaluate(model, val_batches, cfg.eval.ks, device)
             check_finite_eval(final, step + 1)
             metrics.update(final)
+            if cfg.train.log_coverage:  # distinct images trained on in the RL phase so far
+                metrics["train/distinct_prompts"] = int(np.count_nonzero(~np.isnan(history.last_rate)))
             metrics["train/steps_per_epoch"] = stream.steps_per_epoch  # Table 3 averages over the last epoch
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
             if rl_step and loss is not None:  # the allocation picture: this step's p_hat, exact p and n_i per image
@@ -320,7 +323,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
                         "optimizer": optimizer.state_dict(),
                         "stream": stream.state_dict(),
                         "history": history.state_dict(),
-                        "predictor": predictor.state_dict() if predictor is not None else None,
+                        "sequential": seq_state.state_dict() if seq_state is not None else None,
                         "rng": rng,
                     }
                 )
