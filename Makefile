@@ -43,6 +43,7 @@ format: install ## ruff autoformat
 
 bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
+	$(PY) -m bench.bench_sequential
 	$(PY) -m bench.bench_tables
 	$(PY) -m bench.bench_imagenet
 	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
@@ -125,13 +126,23 @@ else
 endif
 	$(PY) -m paper_figures.math --scale $(SCALE)
 
-SARA_METHODS := grpo,ds,dps,sara,sara+dps,sara+sera
+# The sequential grid (DESIGN section 4). maxrl and sara+maxrl separate SARA+SERA's advantage from its allocation.
+# DPS_FAIR: DPS on the classifier with its history kept between visits (the DPS authors' MATH decay 0.7, and a pool of
+# 64 B = 16,384 of the 50,000 images, so each image is a candidate about every 3 steps) beside the default (decay 0.5,
+# pool 8 B: a candidate every ~24 steps, its counts decayed to nothing in between).
+SARA_METHODS := grpo,maxrl,ds,dps,sara,sara+dps,sara+sera,sara+maxrl
+DPS_FAIR := method.sequential.dps_decay=0.7 method.sequential.dps_ratio=64
 SARA_SEEDS ?= 0
+SARA_STUDIES ?= imagenet,maze,math
+comma := ,
+SARA_RUN = $(filter $(1),$(subst $(comma), ,$(SARA_STUDIES)))
 
-reproduce-sara: install ## sequential allocation: uniform GRPO, DS, DPS, SARA, SARA+DPS, SARA+SERA on the classifier and the maze (CPU)
-	$(IMAGENET) scale=imagenet/cpu_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS)
-	$(MAZE) scale=maze/cpu_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS)
-	$(PY) -m paper_figures.sara --scale cpu_sara
+reproduce-sara: install ## sequential allocation: GRPO, MaxRL, DS, DPS, SARA, SARA+DPS, SARA+SERA, SARA+MaxRL; SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
+	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=dps $(DPS_FAIR) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,maze),$(MAZE) scale=maze/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,math),$(MATH) scale=math/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(PY) -m paper_figures.sara --scale $(SCALE)_sara --studies $(SARA_STUDIES)
 
 # results/SCALE/ holds the measured tables README.md quotes: a committed table is written over only with FORCE (1: every
 # table; or names and folders: FORCE=imagenet-cpu/table2,maze-cpu), which prints each changed cell (paper_figures/guard.py)

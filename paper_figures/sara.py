@@ -1,36 +1,50 @@
-"""The sequential-allocation comparison (make reproduce-sara): uniform GRPO, DS, DPS, SARA, SARA+DPS and SARA+SERA on
-the classifier and the maze, set against the SARA abstract's claims. No torch.
+"""The sequential-allocation comparison (make reproduce-sara): uniform GRPO and MaxRL, DS, DPS, SARA, SARA+DPS,
+SARA+SERA and SARA+MaxRL on the classifier, the maze and tiny-math, set against the SARA abstract's claims. No torch.
 
-Run: python -m paper_figures.sara --scale cpu_sara   (after make reproduce-sara)
-Reads runs/imagenet-<scale>/ and runs/maze-<scale>/. Every RL step logs alloc/generated (everything sampled: probes,
-abandoned and surplus groups included), alloc/rollouts (trained; absent on a step with nothing to train),
-alloc/effective_rollouts (rollouts in trained groups with mixed rewards, the only ones with a GRPO gradient) and, on
-the classifier where p is exact, alloc/abandon_error_mean (P(the abandoned group would have ended mixed)) and, for
-the batch allocators, alloc/saturated_share (P(a fresh group of n0 is all-equal), averaged over the step's images).
-Per method (mean over seeds): cumulative rollouts generated and trained, their ratio to DS, the effective yield
-(effective rollouts / generated), the abandonment error, steps with nothing to train, and final Pass@K. The figure is
-Pass@1 against cumulative rollouts generated, one panel per study.
+Run: python -m paper_figures.sara --scale cpu_sara [--studies imagenet,maze,math]   (after make reproduce-sara)
+Reads runs/<study>-<scale>/. Every RL step logs alloc/generated (everything sampled: probes, abandoned and surplus
+groups included), alloc/rollouts (trained; absent on a step with nothing to train), alloc/effective_rollouts
+(rollouts in trained groups with mixed rewards, the only ones with a GRPO gradient), the sequential allocators'
+accounting (alloc/groups_committed, alloc/hit_wave_cap, alloc/shortfall), DPS's alloc/dps_predicted_partial and
+alloc/dps_observed_partial, and on the classifier, where p is exact, alloc/abandon_error_mean (P(the abandoned group
+would have ended mixed)) and, for the batch allocators, alloc/saturated_share (P(a fresh group of n0 is all-equal),
+averaged over the step's images). Evaluations log train/distinct_prompts when the scale asks (train.log_coverage).
+Per row (a method and its sequential settings where they are not the defaults; mean over seeds): cumulative rollouts
+generated and trained, rollouts generated per trained rollout and its ratio to DS's (the cap-neutral saving: arms
+that hit their caps train fewer groups), groups trained a step, steps that hit the method's cap (named) and the mean
+shortfall, the effective yield, the abandonment error, distinct prompts trained, Pass@K at the start of RL and at
+the end, and Pass@1 at equal rollouts generated. The start of RL is the classifier's evaluation after the CE warm
+start (eval.at_start) and, on the LM studies, the base run's evaluation (RL starts from that model). A second table
+per study calibrates DPS's predictor; the claims table gives each seed's value beside the mean. The figure is Pass@1
+against cumulative rollouts generated, one panel per study.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
 
 from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import Run, group_runs, load_runs, mean_over, method_label, method_order, status_tags, tagged
+from sera.methods import METHODS
+from sera.runlog import ADDED_DEFAULTS
+from sera.sequential import SequentialSettings
 
 OUT = Path(__file__).parent / "out"
-STUDIES = {  # folder prefix -> (title, Pass@K metric prefix)
-    "imagenet": ("Classification (digits1000, exact Pass@K)", "eval/pass@"),
-    "maze": ("Maze navigation (held-out mazes)", "eval/heldout/pass@"),
+STUDIES = {  # folder prefix -> title
+    "imagenet": "Classification (digits1000, exact Pass@K)",
+    "maze": "Maze navigation (held-out mazes)",
+    "math": "Math (tiny-math, held-out chain sums)",
 }
 ABSTRACT = (
     "The SARA abstract (1.5B/3B models, math and planning): SARA matches DPS (both below the DS oracle) with 22% fewer "
     "rollouts than DS; SARA+DPS gives the best accuracy, slightly above DS, at 67% fewer rollouts."
 )
+CAPS = {"ds": ("max_rounds", "rounds"), "sara": ("max_waves", "waves")}  # a sampler family's cap setting and unit
+LM_PASS1 = re.compile(r"eval/([^/]+)/pass@1")
 
 
 def cumulative(run: Run, key: str) -> float | None:
@@ -44,69 +58,113 @@ def average(run: Run, key: str) -> float | None:
     return float(np.nanmean(values)) if values.size else None
 
 
+def rl_steps(run: Run) -> int:
+    """RL steps: every one logs alloc/generated, trained on or not."""
+    return run.series("alloc/generated")[0].size
+
+
+def eval_prefix(run: Run) -> str:
+    """'eval/pass@' on the classifier, 'eval/<set>/pass@' (its first evaluation set) on the LM studies."""
+    for record in run.records:
+        for key in record:
+            if key == "eval/pass@1":
+                return "eval/pass@"
+            if match := LM_PASS1.fullmatch(key):
+                return f"eval/{match.group(1)}/pass@"
+    return "eval/pass@"
+
+
 def final_passk(run: Run, prefix: str) -> dict[int, float]:
     """{K: value} of the run's last evaluation."""
     last = next((r for r in reversed(run.records) if f"{prefix}1" in r), {})
     return {int(k[len(prefix) :]): float(v) for k, v in last.items() if k.startswith(prefix) and v is not None}
 
 
-def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tuple[str, dict]:
-    """The markdown table of one study and its per-method summary {method: {...}}."""
-    title, prefix = STUDIES[study]
-    runs = [r for r in load_runs(runs_root / f"{study}-{scale}") if r.get("experiment") == study]
-    groups = sorted(group_runs(runs), key=lambda g: method_order(g[0].get("method.name")))
-    ks = sorted({k for r in runs for k in final_passk(r, prefix)})
-    show = [k for k in ks if k in (1, 8, max(ks, default=1))]
-    summary = {}
-    for g in groups:
-        done = [r for r in g if r.finished and final_passk(r, prefix)]
-        name = g[0].get("method.name")
-        summary[name] = {
-            "label": tagged(method_label(name), status_tags(g)),
-            "seeds": len(done),
-            "steps": g[0].get("train.steps"),
-            "generated": mean_over(done, lambda r: cumulative(r, "alloc/generated")),
-            "trained": mean_over(done, lambda r: cumulative(r, "alloc/rollouts")),
-            "effective": mean_over(done, lambda r: cumulative(r, "alloc/effective_rollouts")),
-            "abandon": mean_over(done, lambda r: average(r, "alloc/abandon_error_mean")),
-            "saturated": mean_over(done, lambda r: average(r, "alloc/saturated_share")),
-            "empty": int(sum(cumulative(r, "train/skipped_empty") or 0 for r in done)),
-            "passk": {k: mean_over(done, lambda r, k=k: final_passk(r, prefix).get(k)) for k in show},
-            "curve": [pass1_curve(r, prefix) for r in done],
-        }
-    ds = summary.get("ds", {}).get("generated")
-    # Pass@1 at equal rollouts generated: every method's curve read at the smallest total any method reached
-    budgets = [s["generated"] for s in summary.values() if s["generated"]]
-    common = min(budgets) if budgets else None
-    header = ["method", "seeds", "steps", "generated (k)", "vs DS", "trained (k)", "effective yield (%)",
-              "abandon error (%)", "empty steps (all seeds)", *[f"Pass@{k} (%)" for k in show],
-              f"Pass@1 at {thousands(common)}k generated (%)"]  # fmt: skip
-    rows = []
-    for s in summary.values():
-        ratio = f"{100 * (s['generated'] / ds - 1):+.0f}%" if ds and s["generated"] is not None else "n/a"
-        rows.append([
-            s["label"], s["seeds"], s["steps"], thousands(s["generated"]), ratio, thousands(s["trained"]),
-            percent(s["effective"] / s["generated"] if s["effective"] is not None and s["generated"] else None),
-            percent(s["abandon"]), s["empty"], *[percent(s["passk"][k]) for k in show],
-            percent(mean_over(s["curve"], lambda curve: at_rollouts(curve, common))),
-        ])  # fmt: skip
-    md = write_table(out_root / f"sara-{scale}" / f"{study}", header, rows)
-    saturated = summary.get("grpo", {}).get("saturated")
-    note = ""
-    if saturated is not None:
-        note = (f"\nSaturated share under uniform GRPO (P[a fresh group of n0 has all-equal rewards], exact p, mean "
-                f"over RL steps): {100 * saturated:.1f}%.\n")  # fmt: skip
-    elif "grpo" in summary and summary["grpo"]["effective"] is not None and summary["grpo"]["trained"]:
-        share = 1 - summary["grpo"]["effective"] / summary["grpo"]["trained"]
-        note = f"\nSaturated share under uniform GRPO (rollouts in all-equal groups / rollouts): {100 * share:.1f}%.\n"
-    return f"### {title}\n\n{md}{note}", summary
+def sequential_settings(run: Run) -> SequentialSettings:
+    """The run's method.sequential settings, with the value runs made before a setting existed had (ADDED_DEFAULTS)
+    where the config lacks it (the defaults when it has no method.sequential at all)."""
+    if run.get("method.sequential") is None:
+        return SequentialSettings()
+    values = dict(run.get("method.sequential"))
+    for path, default in ADDED_DEFAULTS.items():
+        if path[:2] == ("method", "sequential"):
+            values.setdefault(path[2], default)
+    known = {k: v for k, v in values.items() if k in SequentialSettings.__dataclass_fields__}
+    return SequentialSettings(**known)
 
 
-def pass1_curve(run: Run, prefix: str) -> tuple[np.ndarray, np.ndarray]:
-    """(cumulative rollouts generated at each evaluation, Pass@1 there)."""
+def changes(run: Run) -> dict:
+    """{setting: value} of the sequential settings the run's allocator reads that are not the defaults."""
+    name = run.get("method.name")
+    if name not in METHODS:
+        return {}
+    settings, default = sequential_settings(run), SequentialSettings()
+    return {k: getattr(settings, k) for k in METHODS[name].sampler.reads if getattr(settings, k) != getattr(default, k)}
+
+
+def row_label(group: list[Run]) -> str:
+    name = group[0].get("method.name")
+    extra = ", ".join(f"{k}={v}" for k, v in changes(group[0]).items())
+    return tagged(method_label(name), [extra, *status_tags(group)])
+
+
+def cap_of(run: Run) -> str:
+    """The method's cap on generation rounds or waves a step, named: '10 rounds', '16 waves'; '' for none."""
+    name = run.get("method.name")
+    if name not in METHODS:
+        return ""
+    reads = METHODS[name].sampler.reads
+    for key, unit in CAPS.values():
+        if key in reads:
+            return f"{getattr(sequential_settings(run), key)} {unit}"
+    return ""
+
+
+def groups_per_step(run: Run) -> float | None:
+    """Groups trained a step, over RL steps: the sequential allocators' committed groups (0 on a skipped step), the
+    batch allocators' B."""
+    _, committed = run.series("alloc/groups_committed")
+    if committed.size:
+        return float(committed.mean())
+    batch = run.get("train.batch_size")
+    return float(batch) if batch is not None and rl_steps(run) else None
+
+
+def share_of_steps(run: Run, key: str) -> float | None:
+    """Share of RL steps on which a 0/1 metric is 1 (None when never logged)."""
+    _, values = run.series(key)
+    return float(values.sum() / rl_steps(run)) if values.size else None
+
+
+def mixed_share(run: Run) -> float | None:
+    """Mean share of trained groups with mixed rewards a step (effective groups / groups trained)."""
+    _, effective = run.series("alloc/effective_groups")
+    _, committed = run.series("alloc/groups_committed")
+    batch = run.get("train.batch_size")
+    if not effective.size or (not committed.size and batch is None):
+        return None
+    trained = committed[committed > 0] if committed.size else np.full(effective.size, float(batch))
+    return float(np.mean(effective / trained)) if trained.size == effective.size else None
+
+
+def base_pass1(runs: list[Run], run: Run, prefix: str) -> float | None:
+    """Pass@1 of the model an LM run starts from: its base run's evaluation (same seed), or None."""
+    for base in runs:
+        if base.get("experiment") == f"{run.get('experiment')}-base" and base.get("seed") == run.get("seed"):
+            value = final_passk(base, prefix).get(1)
+            if value is not None:
+                return value
+    return None
+
+
+def pass1_curve(run: Run, prefix: str, start: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(cumulative rollouts generated at each evaluation, Pass@1 there); `start` (the base model's Pass@1) adds the
+    point at 0 rollouts when the run has none."""
     steps, generated = run.series("alloc/generated")
     at, pass1 = run.series(f"{prefix}1")
     total = np.array([generated[steps <= s].sum() for s in at])
+    if start is not None and not (total.size and total[0] == 0):
+        total, pass1 = np.concatenate([[0.0], total]), np.concatenate([[start], pass1])
     return total, pass1
 
 
@@ -126,20 +184,162 @@ def percent(x) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{100 * x:.2f}"
 
 
+def number(x, digits: int = 2) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
+
+
+def summarise(group: list[Run], runs: list[Run], prefix: str, show: list[int]) -> dict:
+    """One row's numbers: per seed where the claims need them, else the mean over seeds."""
+    done = [r for r in group if r.finished and final_passk(r, prefix)]
+    starts = {id(r): base_pass1(runs, r, prefix) for r in done}
+    per_seed = {
+        int(r.get("seed")): {"generated": cumulative(r, "alloc/generated"), "trained": cumulative(r, "alloc/rollouts"),
+                             "pass1": final_passk(r, prefix).get(1)}
+        for r in done
+    }  # fmt: skip
+    return {
+        "name": group[0].get("method.name"),
+        "default": not changes(group[0]),
+        "label": row_label(group),
+        "seeds": len(done),
+        "steps": group[0].get("train.steps"),
+        "cap": cap_of(group[0]),
+        "generated": mean_over(done, lambda r: cumulative(r, "alloc/generated")),
+        "trained": mean_over(done, lambda r: cumulative(r, "alloc/rollouts")),
+        "effective": mean_over(done, lambda r: cumulative(r, "alloc/effective_rollouts")),
+        "groups": mean_over(done, groups_per_step),
+        "cap_steps": mean_over(done, lambda r: share_of_steps(r, "alloc/hit_wave_cap")),
+        "shortfall": mean_over(done, lambda r: average(r, "alloc/shortfall")),
+        "abandon": mean_over(done, lambda r: average(r, "alloc/abandon_error_mean")),
+        "saturated": mean_over(done, lambda r: average(r, "alloc/saturated_share")),
+        "mixed": mean_over(done, mixed_share),
+        "predicted": mean_over(done, lambda r: average(r, "alloc/dps_predicted_partial")),
+        "observed": mean_over(done, lambda r: average(r, "alloc/dps_observed_partial")),
+        "distinct": mean_over(done, lambda r: r.last("train/distinct_prompts")),
+        "empty": int(sum(cumulative(r, "train/skipped_empty") or 0 for r in done)),
+        "start": mean_over(done, lambda r: start_of(pass1_curve(r, prefix, starts[id(r)]))),
+        "passk": {k: mean_over(done, lambda r, k=k: final_passk(r, prefix).get(k)) for k in show},
+        "curve": [pass1_curve(r, prefix, starts[id(r)]) for r in done],
+        "per_seed": per_seed,
+    }  # fmt: skip
+
+
+def start_of(curve) -> float | None:
+    """Pass@1 at 0 rollouts generated (the start of RL), when the curve has that point."""
+    total, pass1 = curve
+    return float(pass1[0]) if total.size and total[0] == 0 else None
+
+
+def reference(summary: dict, name: str) -> dict:
+    """The row of method `name` at its default sequential settings, else its only row, else {}."""
+    rows = [s for s in summary.values() if s["name"] == name]
+    default = [s for s in rows if s["default"]]
+    return default[0] if default else (rows[0] if len(rows) == 1 else {})
+
+
+def per_trained(s: dict) -> float | None:
+    return s["generated"] / s["trained"] if s.get("generated") and s.get("trained") else None
+
+
+def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tuple[str, dict]:
+    """The markdown tables of one study (the comparison and DPS's calibration) and its rows {label: summary}."""
+    every = load_runs(runs_root / f"{study}-{scale}")
+    runs = [r for r in every if r.get("experiment") == study]
+    groups = sorted(group_runs(runs), key=lambda g: (method_order(g[0].get("method.name")), bool(changes(g[0]))))
+    prefix = eval_prefix(runs[0]) if runs else "eval/pass@"
+    ks = sorted({k for r in runs for k in final_passk(r, prefix)})
+    show = [k for k in ks if k in (1, 8, max(ks, default=1))]
+    summary = {}
+    for g in groups:
+        s = summarise(g, every, prefix, show)
+        summary[s["label"]] = s
+    ds = reference(summary, "ds")
+    # Pass@1 at equal rollouts generated: every method's curve read at the smallest total any method reached
+    budgets = [s["generated"] for s in summary.values() if s["generated"]]
+    common = min(budgets) if budgets else None
+    header = ["method", "seeds", "steps", "generated (k)", "vs DS", "trained (k)", "generated per trained",
+              "vs DS per trained", "groups trained a step", "cap", "steps at the cap (%)", "shortfall a step",
+              "effective yield (%)", "abandon error (%)", "empty steps (all seeds)", "distinct prompts trained",
+              "Pass@1 at start (%)", *[f"Pass@{k} (%)" for k in show],
+              f"Pass@1 at {thousands(common)}k generated (%)"]  # fmt: skip
+    rows = []
+    for s in summary.values():
+        ratio = "n/a"
+        if ds.get("generated") and s["generated"]:
+            ratio = f"{100 * (s['generated'] / ds['generated'] - 1):+.0f}%"
+        cost, ds_cost = per_trained(s), per_trained(ds)
+        neutral = f"{100 * (cost / ds_cost - 1):+.0f}%" if cost and ds_cost else "n/a"
+        rows.append([
+            s["label"], s["seeds"], s["steps"], thousands(s["generated"]), ratio, thousands(s["trained"]),
+            number(cost), neutral, number(s["groups"], 1), s["cap"] or "none", percent(s["cap_steps"]),
+            number(s["shortfall"], 1),
+            percent(s["effective"] / s["generated"] if s["effective"] is not None and s["generated"] else None),
+            percent(s["abandon"]), s["empty"], number(s["distinct"], 0), percent(s["start"]),
+            *[percent(s["passk"][k]) for k in show],
+            percent(mean_over(s["curve"], lambda curve: at_rollouts(curve, common))),
+        ])  # fmt: skip
+    md = write_table(out_root / f"sara-{scale}" / f"{study}", header, rows)
+    grpo = reference(summary, "grpo")
+    note = ""
+    if grpo.get("saturated") is not None:
+        note = (f"\nSaturated share under uniform GRPO (P[a fresh group of n0 has all-equal rewards], exact p, mean "
+                f"over RL steps): {100 * grpo['saturated']:.1f}%.\n")  # fmt: skip
+    elif grpo.get("effective") is not None and grpo.get("trained"):
+        share = 1 - grpo["effective"] / grpo["trained"]
+        note = f"\nSaturated share under uniform GRPO (rollouts in all-equal groups / rollouts): {100 * share:.1f}%.\n"
+    return f"### {STUDIES[study]}\n\n{md}{note}{dps_table(summary, study, scale, out_root)}", summary
+
+
+def dps_table(summary: dict, study: str, scale: str, out_root: Path) -> str:
+    """DPS's calibration: for every arm ranked by DPS's predictor, the mean predicted P(partial) of the prompts it
+    selected against the share of their groups observed partial, and uniform GRPO's share of mixed groups (the rate
+    DPS has to beat)."""
+    rows = [[s["label"], percent(s["predicted"]), percent(s["observed"])]
+            for s in summary.values() if s["predicted"] is not None]  # fmt: skip
+    grpo = reference(summary, "grpo")
+    if not rows or not grpo:
+        return ""
+    rows.append([grpo["label"] + " (uniform)", "n/a", percent(grpo["mixed"])])
+    header = ["method", "predicted P(partial) of the selected (%)", "observed partial (%)"]
+    md = write_table(out_root / f"sara-{scale}" / f"{study}_dps", header, rows)
+    return f"\nDPS's predictor, mean over steps (GRPO: its share of mixed groups):\n\n{md}"
+
+
 def claims(summaries: dict[str, dict]) -> str:
-    """The abstract's three claims, checked against each study's numbers (mean over seeds)."""
+    """The abstract's claims, checked against each study's numbers: savings per rollout generated and per trained
+    rollout (the caps named), and Pass@1; the mean over seeds, with each seed's value when there are several."""
     lines = ["## Against the SARA abstract", "", ABSTRACT, "",
-             "| study | SARA vs DS rollouts | SARA+DPS vs DS rollouts | Pass@1: DS / DPS / SARA / SARA+DPS (%) |",
-             "|---|---|---|---|"]  # fmt: skip
+             "| study | SARA vs DS rollouts | SARA vs DS per trained rollout | SARA+DPS vs DS rollouts | "
+             "SARA+DPS vs DS per trained rollout | caps (DS / SARA) | Pass@1: DS / DPS / SARA / SARA+DPS (%) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for study, s in summaries.items():
-        ds = s.get("ds", {}).get("generated")
+        ds = reference(s, "ds")
 
-        def saving(name, s=s, ds=ds):
-            g = s.get(name, {}).get("generated")
-            return f"{100 * (1 - g / ds):.0f}% fewer" if ds and g else "n/a"
+        def saving(name, trained: bool, ds=ds, s=s) -> str:
+            row = reference(s, name)
+            if not row or not ds:
+                return "n/a"
+            cost = (lambda x: per_trained(x)) if trained else (lambda x: x.get("generated"))
+            mean = f"{100 * (1 - cost(row) / cost(ds)):.0f}% fewer" if cost(row) and cost(ds) else "n/a"
+            seeds = sorted(set(row["per_seed"]) & set(ds["per_seed"]))
+            if len(seeds) < 2 or mean == "n/a":
+                return mean
+            each = [1 - cost(row["per_seed"][i]) / cost(ds["per_seed"][i]) for i in seeds]
+            return f"{mean} (seeds: {', '.join(f'{100 * e:.0f}%' for e in each)})"
 
-        acc = " / ".join(percent(s.get(m, {}).get("passk", {}).get(1)) for m in ("ds", "dps", "sara", "sara+dps"))
-        lines.append(f"| {study} | {saving('sara')} | {saving('sara+dps')} | {acc} |")
+        def accuracy(name, s=s) -> str:
+            row = reference(s, name)
+            if not row:
+                return "n/a"
+            mean = percent(row["passk"].get(1))
+            if len(row["per_seed"]) < 2:
+                return mean
+            return f"{mean} ({', '.join(percent(v['pass1']) for _, v in sorted(row['per_seed'].items()))})"
+
+        caps = f"{ds.get('cap') or 'n/a'} / {reference(s, 'sara').get('cap') or 'n/a'}"
+        acc = " / ".join(accuracy(m) for m in ("ds", "dps", "sara", "sara+dps"))
+        lines.append(f"| {study} | {saving('sara', False)} | {saving('sara', True)} | {saving('sara+dps', False)} | "
+                     f"{saving('sara+dps', True)} | {caps} | {acc} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -148,17 +348,20 @@ def figure(summaries: dict[str, dict], stem: Path) -> None:
     fig, axes = plt.subplots(1, max(1, len(summaries)), figsize=(6 * max(1, len(summaries)), 4), squeeze=False)
     for ax, (study, summary) in zip(axes[0], summaries.items(), strict=False):
         for j, s in enumerate(summary.values()):
-            for i, (x, y) in enumerate(s["curve"]):  # one line per seed, one colour per method
-                ax.plot(x / 1000, 100 * y, marker="o", ms=3, color=f"C{j}", label=s["label"] if i == 0 else None)
-        ax.set(xlabel="cumulative rollouts generated (thousands)", ylabel="Pass@1 (%)", title=STUDIES[study][0])
+            for i, (x, y) in enumerate(s["curve"]):  # one line per seed, one colour per row
+                ax.plot(x / 1000, 100 * y, marker="o", ms=3, color=f"C{j % 10}", label=s["label"] if i == 0 else None)
+        ax.set(xlabel="cumulative rollouts generated (thousands)", ylabel="Pass@1 (%)", title=STUDIES[study])
         if ax.lines:
             ax.legend(fontsize=7)
     save_figure(fig, stem)
 
 
-def build(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
+def build(runs_root: Path, scale: str, out_root: Path = OUT, studies=None) -> str:
+    """Every study's tables, the claims and the figure for one scale; `studies` (default: all) picks the studies."""
     parts, summaries = [f"# Sequential allocation (SARA, DS, DPS), scale={scale}", ""], {}
-    for study in STUDIES:
+    for study in studies or STUDIES:
+        if study not in STUDIES:
+            raise ValueError(f"unknown study {study!r}; choose from {', '.join(STUDIES)}")
         text, summary = study_table(runs_root, study, scale, out_root)
         parts += [text, ""]
         if summary:
@@ -176,8 +379,9 @@ def main(argv=None) -> None:
     parser.add_argument("--scale", default="cpu_sara")
     parser.add_argument("--runs", default="runs")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--studies", default=",".join(STUDIES), help="comma-separated: imagenet,maze,math")
     args = parser.parse_args(argv)
-    build(Path(args.runs), args.scale, Path(args.out))
+    build(Path(args.runs), args.scale, Path(args.out), [s for s in args.studies.split(",") if s])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """The sequential-allocation table (paper_figures/sara.py) on synthetic run directories: cumulative rollouts, the
-ratio to DS, the effective yield, the saturated share and the abstract's claims, computed by hand here."""
+ratio to DS per rollout generated and per trained rollout, groups trained a step, cap hits and shortfall, the
+effective yield, the saturated share, DPS's calibration, the start of RL (the classifier's evaluation after the warm
+start, an LM run's base run), rows kept apart by their sequential settings, and the abstract's claims with each seed's
+value, computed by hand here."""
 
 import csv
 import json
@@ -11,16 +14,20 @@ from paper_figures import sara
 from sera.runlog import CONFIG_FILE, DONE_FILE, METRICS_FILE
 
 
-def write_run(root, method, steps, seed=0, finished=True):
-    """steps: list of per-step dicts; every 2nd step also evaluates (Pass@1 = step / 100)."""
-    path = root / f"{method}_n0-8_seed-{seed}"
+def write_run(root, method, steps, seed=0, finished=True, sequential=None, experiment="imagenet", name=None, first=0):
+    """steps: list of per-step dicts, logged from step `first`; on the classifier every 2nd step also evaluates
+    (Pass@1 = step / 100)."""
+    path = root / (name or f"{method}_n0-8_seed-{seed}")
     path.mkdir(parents=True)
-    config = {"experiment": "imagenet", "method": {"name": method}, "seed": seed, "n0": 8, "train": {"steps": 4}}
+    config = {"experiment": experiment, "method": {"name": method}, "seed": seed, "n0": 8,
+              "train": {"steps": 4, "batch_size": 2}}  # fmt: skip
+    if sequential is not None:
+        config["method"]["sequential"] = sequential
     (path / CONFIG_FILE).write_text(yaml.safe_dump(config))
     lines = []
-    for i, record in enumerate(steps):
+    for i, record in enumerate(steps, start=first):
         record = {"step": i, **record}
-        if i % 2 == 1:
+        if i % 2 == 1 and experiment == "imagenet":
             record |= {"eval/pass@1": i / 100, "eval/pass@8": 2 * i / 100}
         lines.append(json.dumps(record))
     (path / METRICS_FILE).write_text("\n".join(lines) + "\n")
@@ -32,28 +39,99 @@ def step(generated, trained, effective, **extra):
     return {"alloc/generated": generated, "alloc/rollouts": trained, "alloc/effective_rollouts": effective, **extra}
 
 
+def rows_of(path):
+    with open(path) as f:
+        return {r["method"]: r for r in csv.DictReader(f)}
+
+
 def test_table_and_claims_from_runs(tmp_path):
     root = tmp_path / "imagenet-x"
-    write_run(root, "grpo", [step(100, 100, 20, **{"alloc/saturated_share": s}) for s in (0.7, 0.9, 0.8, 0.8)])
-    write_run(root, "ds", [step(400, 100, 100)] * 4)
-    write_run(root, "ds", [step(600, 100, 100)] * 4, seed=1)
-    write_run(root, "sara", [step(300, 80, 80, **{"alloc/abandon_error_mean": 0.1})] * 3 + [{"alloc/generated": 50,
-              "train/skipped_empty": 1}])  # fmt: skip
+    write_run(root, "grpo", [step(100, 100, 20, **{"alloc/saturated_share": s, "alloc/effective_groups": e})
+                             for s, e in ((0.7, 1), (0.9, 0), (0.8, 1), (0.8, 2))])  # fmt: skip
+    ds = {"alloc/groups_committed": 2, "alloc/hit_wave_cap": 0, "alloc/shortfall": 0}
+    write_run(root, "ds", [step(400, 100, 100, **ds)] * 4)
+    write_run(root, "ds", [step(600, 100, 100, **ds)] * 3 + [step(600, 50, 50, **(ds | {"alloc/hit_wave_cap": 1,
+              "alloc/shortfall": 1, "alloc/groups_committed": 1}))], seed=1)  # fmt: skip
+    sara_step = {"alloc/abandon_error_mean": 0.1, "alloc/groups_committed": 2, "alloc/hit_wave_cap": 0}
+    empty = {"alloc/generated": 50, "train/skipped_empty": 1, "alloc/groups_committed": 0, "alloc/hit_wave_cap": 1,
+             "alloc/shortfall": 2}  # fmt: skip
+    for seed in (0, 1):
+        write_run(root, "sara", [step(300, 80, 80, **sara_step)] * 3 + [empty], seed=seed)
     write_run(root, "sara+dps", [step(100, 100, 100)] * 2, finished=False)
-    text = sara.build(tmp_path, "x", tmp_path / "out")
-    with open(tmp_path / "out" / "sara-x" / "imagenet.csv") as f:
-        rows = {r["method"]: r for r in csv.DictReader(f)}
+    dps = {"alloc/dps_predicted_partial": 0.4, "alloc/dps_observed_partial": 0.25}
+    write_run(root, "dps", [step(100, 100, 30, **dps)] * 4)
+    write_run(root, "dps", [step(100, 100, 30, **(dps | {"alloc/dps_predicted_partial": 0.6}))] * 4,
+              sequential={"dps_decay": 0.7, "dps_ratio": 64}, name="dps-fair")  # fmt: skip
+    text = sara.build(tmp_path, "x", tmp_path / "out", ["imagenet"])
+    rows = rows_of(tmp_path / "out" / "sara-x" / "imagenet.csv")
     assert rows["DS (DAPO)"]["seeds"] == "2" and rows["DS (DAPO)"]["generated (k)"] == "2.0"  # (1600 + 2400) / 2
     assert rows["GRPO"]["vs DS"] == "-80%" and rows["GRPO"]["effective yield (%)"] == "20.00"
     assert rows["SARA"]["generated (k)"] == "0.9" and rows["SARA"]["vs DS"] == "-52%"  # 950 vs 2000
     assert rows["SARA"]["trained (k)"] == "0.2" and rows["SARA"]["abandon error (%)"] == "10.00"
-    assert rows["SARA"]["empty steps (all seeds)"] == "1" and rows["SARA"]["Pass@1 (%)"] == "3.00"
+    assert rows["SARA"]["empty steps (all seeds)"] == "2" and rows["SARA"]["Pass@1 (%)"] == "3.00"
+    # per trained rollout, seeds pooled: DS 2000/375 = 5.333, SARA 950/240 = 3.958: 26% fewer, not 52%
+    assert rows["DS (DAPO)"]["generated per trained"] == "5.33" and rows["SARA"]["generated per trained"] == "3.96"
+    assert rows["SARA"]["vs DS per trained"] == "-26%"
+    assert rows["DS (DAPO)"]["groups trained a step"] == "1.9" and rows["GRPO"]["groups trained a step"] == "2.0"
+    assert rows["DS (DAPO)"]["cap"] == "10 rounds" and rows["SARA"]["cap"] == "16 waves"
+    assert rows["GRPO"]["cap"] == "none"
+    assert rows["DS (DAPO)"]["steps at the cap (%)"] == "12.50" and rows["SARA"]["steps at the cap (%)"] == "25.00"
+    assert rows["DS (DAPO)"]["shortfall a step"] == "0.1"  # (0 + 0.25) / 2
     assert rows["SARA+DPS (unfinished)"]["seeds"] == "0"  # an unfinished run gives no numbers
+    assert rows["DPS (dps_ratio=64, dps_decay=0.7)"]["seeds"] == "1" and rows["DPS"]["seeds"] == "1"  # kept apart
     at = "Pass@1 at 0.4k generated (%)"  # the smallest total (GRPO's 400), where every curve is read
     assert rows["GRPO"][at] == "3.00" and rows["DS (DAPO)"][at] == "n/a"  # DS's first evaluation is past 400
     assert "Saturated share under uniform GRPO" in text and "80.0%" in text
-    assert "| imagenet | 52% fewer | n/a | 3.00 / n/a / 3.00 / n/a |" in text
+    dps_rows = rows_of(tmp_path / "out" / "sara-x" / "imagenet_dps.csv")
+    assert dps_rows["DPS"]["predicted P(partial) of the selected (%)"] == "40.00"
+    assert dps_rows["DPS (dps_ratio=64, dps_decay=0.7)"]["predicted P(partial) of the selected (%)"] == "60.00"
+    assert dps_rows["DPS"]["observed partial (%)"] == "25.00"
+    assert dps_rows["GRPO (uniform)"]["observed partial (%)"] == "50.00"  # (1 + 0 + 1 + 2) / 2 / 4 steps
+    claim = "| imagenet | 52% fewer (seeds: 41%, 60%) | 26% fewer (seeds: 1%, 42%) | n/a | n/a | 10 rounds / 16 waves |"
+    assert claim in text  # seed 0: 1 - 950/1600 and 1 - 3.958/4; seed 1: 1 - 950/2400 and 1 - 3.958/6.857
+    assert "| 3.00 (3.00, 3.00) / 3.00 / 3.00 (3.00, 3.00) / n/a |" in text  # DPS: the default row
     assert (tmp_path / "out" / "sara-x" / "pass1_vs_rollouts.png").exists()
+
+
+def test_start_of_rl_from_the_warm_start_evaluation_or_the_base_run(tmp_path):
+    """The classifier logs an evaluation after the CE warm start (before any rollout): Pass@1 at 0 rollouts. An LM
+    run starts from its base run's model, whose evaluation is that point."""
+    root = tmp_path / "imagenet-x"
+    write_run(root, "ds", [{}, step(10, 8, 8), step(20, 8, 8), step(30, 8, 8)], first=0)  # step 1 is a CE step here
+    records = (root / "ds_n0-8_seed-0" / METRICS_FILE).read_text().splitlines()
+    records[0] = json.dumps({"step": 0, "eval/pass@1": 0.005})  # the warm start's last step, evaluated
+    (root / "ds_n0-8_seed-0" / METRICS_FILE).write_text("\n".join(records) + "\n")
+    sara.build(tmp_path, "x", tmp_path / "out", ["imagenet"])
+    assert rows_of(tmp_path / "out" / "sara-x" / "imagenet.csv")["DS (DAPO)"]["Pass@1 at start (%)"] == "0.50"
+
+    maze = tmp_path / "maze-x"
+    held = [{"eval/heldout/pass@1": 0.1 * i} if i % 2 else {} for i in range(4)]
+    write_run(maze, "grpo", [step(8, 8, 4) | h for h in held], experiment="maze")
+    base = maze / "base_seed-0"
+    base.mkdir()
+    (base / CONFIG_FILE).write_text(yaml.safe_dump({"experiment": "maze-base", "seed": 0}))
+    (base / METRICS_FILE).write_text(json.dumps({"step": 3, "eval/heldout/pass@1": 0.02}) + "\n")
+    (base / DONE_FILE).write_text("{}")
+    sara.build(tmp_path, "x", tmp_path / "out", ["maze"])
+    row = rows_of(tmp_path / "out" / "sara-x" / "maze.csv")["GRPO"]
+    assert row["Pass@1 at start (%)"] == "2.00" and row["Pass@1 (%)"] == "30.00"
+    run = [r for r in sara.load_runs(maze) if r.get("experiment") == "maze"][0]
+    x, y = sara.pass1_curve(run, "eval/heldout/pass@", 0.02)
+    assert x.tolist() == [0, 16, 32] and y.tolist() == pytest.approx([0.02, 0.1, 0.3])
+
+
+def test_old_runs_are_labelled_by_the_settings_they_were_made_with(tmp_path):
+    """A SARA run made before the prior existed (k0 = 4, no prior key: the flat prior) is a row of its own."""
+    root = tmp_path / "imagenet-x"
+    old = {"k0": 4, "k_min": 2, "chunk": 2, "tau_lo": 0.45, "tau_hi": 0.95, "max_waves": 16, "mode": "fill",
+           "gen_batch": None, "max_rounds": 10, "dps_ratio": 8, "dps_decay": 0.5}  # fmt: skip
+    write_run(root, "sara", [step(300, 80, 80)] * 4, sequential=old)
+    write_run(root, "sara", [step(200, 80, 80)] * 4, sequential=old | {"k0": 2, "prior": "population"}, name="new")
+    sara.build(tmp_path, "x", tmp_path / "out", ["imagenet"])
+    rows = rows_of(tmp_path / "out" / "sara-x" / "imagenet.csv")
+    assert rows["SARA (k0=4, prior=flat)"]["generated (k)"] == "1.2" and rows["SARA"]["generated (k)"] == "0.8"
+    with pytest.raises(ValueError, match="unknown study"):
+        sara.build(tmp_path, "x", tmp_path / "out", ["chess"])
 
 
 def test_pass1_curve_is_against_cumulative_rollouts_generated(tmp_path):
