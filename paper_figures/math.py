@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paper_figures.render import bold_better, passk_figure, read_reference, write_table
+from paper_figures.render import bold_better, passk_figure, read_reference, regime_figure, write_table
 from paper_figures.runs import (
     PerQuestion,
     Run,
@@ -34,11 +34,13 @@ from paper_figures.runs import (
     method_label,
     pair_by_question,
     per_question,
+    seed_differences,
     status_tags,
     tagged,
+    tested_and_baselines,
     with_results,
 )
-from sera.stats import paired_bootstrap_ci
+from sera.stats import paired_bootstrap_ci, seed_t_interval
 
 OUT = Path(__file__).parent / "out"
 DATASETS = {  # file slug -> the paper's name
@@ -176,6 +178,10 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
             rows.append([shown, label, "reproduced", seeds(pq), g[0].get("train.steps"), budget, *pct(pq, ks)])
             index[(g[0].get("method.name"), g[0].get("method.aggregation"))] = len(rows) - 1
         passk_figure(curves, out_root / f"math-{scale}" / f"{name}_{dataset}_passk", f"{model}: {shown}")
+        regime = {label: with_results(g, evaluated_on(dataset)) for label, g in
+                  label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation"))
+                  if g[0].get("method.name") in tested_and_baselines()}  # fmt: skip
+        regime_figure(regime, dataset, ks[-1], out_root / f"math-{scale}" / f"{name}_{dataset}_regime", shown)
         for norm in {n for _, n in index}:  # bold the better of each reproduced MaxRL/SERA pair
             i, j = index.get(("sera", norm)), index.get(("maxrl", norm))
             if i is not None and j is not None:
@@ -224,6 +230,11 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
         "95% CI low",
         "95% CI high",
         "questions",
+        "seeds",
+        "seed-level delta (pp)",
+        "seed 95% low",
+        "seed 95% high",
+        "per seed (pp)",
         "paper delta",
         "paper low",
         "paper high",
@@ -247,8 +258,15 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
                 ci = paired_bootstrap_ci(sera, maxrl, num_resamples=num_resamples)
                 for col, k in enumerate(common):
                     cells[k] = [100 * ci.delta[col], 100 * ci.low[col], 100 * ci.high[col], len(a.ids)]
+                # seeds are the unit here: the interval covers training randomness, which the bootstrap does not
+                seed_ids, seed_ks, diffs = seed_differences(*pair, dataset, ks, f"{shown} SERA vs MaxRL ({norm})")
+                by_seed = seed_t_interval(diffs) if diffs is not None else None
+                for col, k in enumerate(seed_ks if diffs is not None else []):
+                    low, high = (100 * by_seed.low[col], 100 * by_seed.high[col]) if len(seed_ids) > 1 else ("", "")
+                    per_seed = ", ".join(f"{s}: {100 * d:+.2f}" for s, d in zip(seed_ids, diffs[:, col], strict=True))
+                    cells[k] = [*cells.get(k, [None] * 4), len(seed_ids), 100 * by_seed.delta[col], low, high, per_seed]
             for k in ks:
-                missing = [pair, "", "", ""] if isinstance(pair, str) else [None] * 4  # refused, or not run
+                missing = [pair, *[""] * 8] if isinstance(pair, str) else [None] * 9  # refused, or not run
                 rows.append([shown, norm, k, *cells.get(k, missing), *paper_delta(reference, shown, k)])
     md = write_table(out_root / f"math-{scale}" / name, header, rows)
     text = f"# {name.capitalize()} ({model}): SERA minus MaxRL, scale={scale}\n\n{table_note(name, scale)}{md}"

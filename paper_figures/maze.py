@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from paper_figures.render import passk_figure, read_reference, write_table
+from paper_figures.render import passk_figure, read_reference, regime_figure, write_table
 from paper_figures.runs import (
     PerQuestion,
     Run,
@@ -29,11 +29,13 @@ from paper_figures.runs import (
     method_order,
     pair_by_question,
     per_question,
+    seed_differences,
     status_tags,
     tagged,
+    tested_and_baselines,
     with_results,
 )
-from sera.stats import paired_bootstrap_ci
+from sera.stats import paired_bootstrap_ci, seed_t_interval
 
 OUT = Path(__file__).parent / "out"
 PAPER_KS = [1, 2, 4, 8, 16, 32]
@@ -123,22 +125,24 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     verdict = "\n".join(lines) + "\n" + extra
     (out / "table4_verdict.md").write_text(verdict)
     passk_figure(curves, out / "passk_curves", "Maze navigation: held-out Pass@K")
+    regime = {f"{label} ({g[0].get('method.aggregation')})": with_results(g, evaluated) for label, g in rl_rows
+              if g[0].get("method.name") in tested_and_baselines()}  # fmt: skip
+    regime_figure(regime, EVAL_SET, ks[-1], out / "regime", "Maze")
     text = f"# Table 4 (maze navigation), scale={scale}\n\n{md}\n{verdict}"
     print(text)
     return text
 
 
 def seed_by_seed(norm: str, sera: list[Run], maxrl: list[Run], ks: list[int]) -> list[str]:
-    """One row per seed that both groups ran: the mean over mazes of SERA's minus MaxRL's Pass@k, in pp."""
-    rows = []
-    for seed in sorted({r.get("seed") for r in sera} & {r.get("seed") for r in maxrl}):
-        a = per_question([r for r in sera if r.get("seed") == seed], EVAL_SET, ks)
-        b = per_question([r for r in maxrl if r.get("seed") == seed], EVAL_SET, ks)
-        if a is None or b is None:
-            continue
-        x, y, common = pair_by_question(a, b, f"maze SERA vs MaxRL ({norm}, seed {seed})")
-        diff = 100 * (x - y).mean(axis=0)
-        rows.append(f"| {norm} | {seed} | " + " | ".join(f"{d:+.2f}" for d in diff) + " |")
+    """One row per seed that both groups ran: the mean over mazes of SERA's minus MaxRL's Pass@k, in pp; then, with
+    two seeds or more, their mean and seed-level 95% t-interval (seeds are the unit: it covers training randomness)."""
+    seeds, _, diffs = seed_differences(sera, maxrl, EVAL_SET, ks, f"maze SERA vs MaxRL ({norm})")
+    rows = [f"| {norm} | {seed} | " + " | ".join(f"{100 * d:+.2f}" for d in row) + " |" for seed, row in
+            zip(seeds, diffs if diffs is not None else [], strict=True)]  # fmt: skip
+    if len(seeds) >= 2:
+        ci = seed_t_interval(diffs)
+        cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
+        rows.append(f"| {norm} | mean of {len(seeds)} (t 95%) | " + " | ".join(cells) + " |")
     return rows
 
 

@@ -101,3 +101,36 @@ def passk_figure(curves: dict, stem: Path, title: str) -> None:
     if ax.lines:
         ax.legend(fontsize=7)
     save_figure(fig, stem)
+
+
+def regime_figure(groups: dict, eval_set: str, k: int, stem: Path, title: str) -> None:
+    """The regime a method acts on, one line per label (a group of seeds, Run objects): held-out Pass@1 and Pass@k
+    over training (the seeds' mean, a band from their minimum to their maximum at the steps every seed evaluated),
+    and the histogram of per-question success rates (correct / samples) of each group's final policies, pooled over
+    seeds. SERA re-weights by these rates: at rates near 0 for most questions it changes little."""
+    import numpy as np
+
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4))
+    for label, runs in groups.items():
+        for ax, key in zip(axes[:2], (1, k), strict=True):
+            series = [r.series(f"eval/{eval_set}/pass@{key}") for r in runs]
+            common = sorted(set.intersection(*(set(s.tolist()) for s, _ in series))) if series else []
+            if not common:
+                continue
+            values = np.array([[v[list(s).index(t)] for t in common] for s, v in series])  # (seeds, steps)
+            line = ax.plot(common, 100 * values.mean(axis=0), marker="o", ms=3, label=f"{label} ({len(runs)} seeds)")
+            ax.fill_between(common, 100 * values.min(axis=0), 100 * values.max(axis=0), alpha=0.2,
+                            color=line[0].get_color())  # fmt: skip
+        rates = [np.asarray(r.eval_records[eval_set]["correct"], dtype=float) / r.eval_records[eval_set]["n"]
+                 for r in runs if eval_set in r.eval_records]  # fmt: skip
+        rates = np.concatenate(rates) if rates else np.zeros(0)
+        if np.isfinite(rates).any():  # a question logged as null (NaN) has no rate
+            axes[2].hist(rates[np.isfinite(rates)], bins=np.linspace(0, 1, 21), histtype="step", label=label)
+    axes[0].set(xlabel="step", ylabel="held-out Pass@1 (%)", title=f"{title}: Pass@1")
+    axes[1].set(xlabel="step", ylabel=f"held-out Pass@{k} (%)", title=f"{title}: Pass@{k}")
+    axes[2].set(xlabel="per-question success rate of the final policy", ylabel="questions (all seeds)",
+                title="the regime: success rates")  # fmt: skip
+    for ax in axes:
+        if ax.lines or ax.patches:
+            ax.legend(fontsize=7)
+    save_figure(fig, stem)

@@ -249,6 +249,11 @@ def tested_methods() -> list[str]:
     return [m.name for m in METHODS.values() if m.baseline]
 
 
+def tested_and_baselines() -> set[str]:
+    """The tested methods and their baselines (SERA and MaxRL): the rows the regime figures draw."""
+    return {n for m in tested_methods() for n in (m, METHODS[m].baseline)}
+
+
 def baseline_pair(groups: list[list[Run]], where: str, name: str = "sera") -> tuple[list[Run], list[Run]] | str | None:
     """The (method, its registry baseline) groups to compare among `groups` (already narrowed to one n0 or
     normalisation, and to groups with results); None when either is missing; a "refused: ..." cell when two
@@ -314,3 +319,22 @@ def pair_by_question(a: PerQuestion, b: PerQuestion, what: str) -> tuple[np.ndar
         )
     ks = [k for k in a.ks if k in b.ks]
     return a.values[:, [a.ks.index(k) for k in ks]], b.values[:, [b.ks.index(k) for k in ks]], ks
+
+
+def seed_differences(a: list[Run], b: list[Run], eval_set: str, ks: list[int], what: str):
+    """Per seed that both groups ran: the mean over questions of a's minus b's Pass@k. Returns (seeds, ks,
+    diffs (S, K)), the unit of the seed-level interval (sera.stats.seed_t_interval); (seeds [], ks, None) when no seed
+    is shared."""
+    seeds, rows, common = [], [], ks
+    for seed in sorted({r.get("seed") for r in a} & {r.get("seed") for r in b}):
+        x = per_question([r for r in a if r.get("seed") == seed], eval_set, ks)
+        y = per_question([r for r in b if r.get("seed") == seed], eval_set, ks)
+        if x is None or y is None:
+            continue
+        xv, yv, common = pair_by_question(x, y, f"{what}, seed {seed}")
+        seeds.append(seed)
+        rows.append((xv - yv).mean(axis=0))
+    if len({len(r) for r in rows}) > 1:  # seeds whose sample counts allow different k: keep the k all allow
+        width = min(len(r) for r in rows)
+        rows, common = [r[:width] for r in rows], common[:width]
+    return seeds, common, (np.stack(rows) if rows else None)

@@ -1,4 +1,5 @@
-"""Question-paired bootstrap confidence intervals (shared/DESIGN.md section 7). Pure numpy (no torch)."""
+"""Confidence intervals for method differences (shared/DESIGN.md section 7): the question-paired bootstrap and the
+seed-level t-interval. Pure numpy (scipy for the t quantile; no torch)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,28 @@ def paired_bootstrap_ci(a, b, num_resamples: int = 10000, level: float = 0.95, s
     if a.ndim == 1:
         return BootstrapCI(float(delta[0]), float(low[0]), float(high[0]))
     return BootstrapCI(delta, low, high)
+
+
+def seed_t_interval(diffs, level: float = 0.95) -> BootstrapCI:
+    """Seed-level interval of a mean difference: mean +- t_{(1+level)/2, S-1} * sd / sqrt(S) over the S seeds.
+
+    diffs: (S,) or (S, K) per-seed differences (e.g. each seed's SERA minus MaxRL Pass@k, averaged over questions);
+    seeds, not questions, are the unit, so this covers training randomness, which the question-paired bootstrap does
+    not. Returns BootstrapCI(mean, low, high); low and high are NaN with fewer than two seeds.
+    """
+    from scipy.stats import t
+
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.ndim not in (1, 2) or d.shape[0] == 0:
+        raise ValueError(f"diffs must be (S,) or (S, K) with S > 0; got {d.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    s = d.shape[0]
+    mean = d.mean(axis=0)
+    if s < 2:
+        half = np.full_like(mean, np.nan)
+    else:
+        half = t.ppf((1 + level) / 2, s - 1) * d.std(axis=0, ddof=1) / np.sqrt(s)
+    if d.ndim == 1:
+        return BootstrapCI(float(mean), float(mean - half), float(mean + half))
+    return BootstrapCI(mean, mean - half, mean + half)

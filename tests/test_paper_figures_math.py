@@ -240,3 +240,23 @@ def test_the_cpu_scale_builds_only_its_own_tables(tmp_path):
     math_tables.main(["--scale", "cpu", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
     built = sorted(p.name for p in (tmp_path / "out" / "math-cpu").glob("*.csv"))
     assert built == ["table1.csv", "table5.csv"]
+
+
+def test_table5_seed_level_columns_take_seeds_as_the_unit(tmp_path):
+    """Seed 0: SERA solves one of four questions that MaxRL never does (+25 pp at every k); seed 1: two (+50 pp).
+    The seed-level delta is their mean, +37.5, with the t half-width t_{0.975, 1} * sd / sqrt(2) = 12.7062 * 12.5;
+    the per-seed cell lists both; with one seed the interval is left empty. The regime figure is drawn."""
+    math_run(tmp_path, "maxrl0", "maxrl", [0, 0, 0, 0], seed=0)
+    math_run(tmp_path, "sera0", "sera", [512, 0, 0, 0], seed=0)
+    math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+    first = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")[0]
+    assert first["seeds"] == "1" and first["seed 95% low"] == "" and first["per seed (pp)"] == "0: +25.00"
+    math_run(tmp_path, "maxrl1", "maxrl", [0, 0, 0, 0], seed=1)
+    math_run(tmp_path, "sera1", "sera", [512, 512, 0, 0], seed=1)
+    math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+    math_tables.passk_table("table1", tmp_path, "paper", tmp_path / "out")
+    for row in rows_of(tmp_path / "out" / "math-paper" / "table5.csv")[:3]:  # k = 32, 128, 256
+        assert row["seeds"] == "2" and float(row["seed-level delta (pp)"]) == pytest.approx(37.5, abs=0.005)
+        assert float(row["seed 95% high"]) == pytest.approx(37.5 + 12.7062 * 12.5, abs=0.01)
+        assert row["per seed (pp)"] == "0: +25.00, 1: +50.00"
+    assert (tmp_path / "out" / "math-paper" / "table1_gsm8k-platinum_regime.png").exists()

@@ -214,3 +214,19 @@ def test_sera_minus_maxrl_seed_by_seed(tmp_path):
     d0 = passk([12, 3, 64, 9], 1) - passk([10, 0, 64, 5], 1)
     d1 = 0.0  # seed 1's SERA solves each maze exactly as often as its MaxRL once the ids are paired
     assert f"| token-mean | 0 | {d0:+.2f} |" in text and f"| token-mean | 1 | {d1:+.2f} |" in text
+
+
+def test_seed_level_interval_row_follows_the_seeds(tmp_path):
+    """With two seeds whose Pass@1 differences are d0 and 0, the seed-level row is their mean d0 / 2 with the t
+    half-width t_{0.975, 1} * sd / sqrt(2) = 12.7062 * |d0| / 2 (sd = |d0| / sqrt(2)); one seed gives no such row."""
+    maze_run(tmp_path, "maxrl0", "maxrl", [10, 0, 64, 5], seed=0)
+    maze_run(tmp_path, "sera0", "sera", [12, 3, 64, 9], seed=0)
+    _, text = table4_rows(tmp_path)
+    assert "mean of" not in text
+    maze_run(tmp_path, "maxrl1", "maxrl", [20, 1, 30, 0], seed=1)
+    maze_run(tmp_path, "sera1", "sera", [20, 1, 30, 0], seed=1)
+    _, text = table4_rows(tmp_path)
+    d0 = passk([12, 3, 64, 9], 1) - passk([10, 0, 64, 5], 1)
+    half = 12.7062 * abs(d0) / 2
+    assert f"| token-mean | mean of 2 (t 95%) | {d0 / 2:+.2f} [{d0 / 2 - half:+.2f}, {d0 / 2 + half:+.2f}] |" in text
+    assert (tmp_path / "out" / "maze-cpu" / "regime.png").exists()  # Pass@1, Pass@K over training, success rates

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sera.passk import pass_at_k
-from sera.stats import paired_bootstrap_ci
+from sera.stats import paired_bootstrap_ci, seed_t_interval
 
 
 def test_pass_at_k_matches_subset_enumeration():
@@ -82,3 +82,24 @@ def test_math_modules_do_not_import_torch():
         "sera.sequential, sera.passk, sera.stats; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_seed_t_interval_hand_values_and_shapes():
+    # diffs 1, 2, 3: mean 2, sd 1, t_{0.975, 2} = 4.3027 (tables), half width 4.3027 / sqrt(3) = 2.4842
+    ci = seed_t_interval([1.0, 2.0, 3.0])
+    assert (
+        ci.delta == 2.0 and ci.low == pytest.approx(2 - 2.4842, abs=1e-4) and ci.high == pytest.approx(4.4842, abs=1e-4)
+    )
+    two = seed_t_interval(np.array([[1.0, 0.0], [3.0, 0.0]]))  # (S, K): one interval per column
+    assert two.delta.tolist() == [2.0, 0.0] and two.low[1] == two.high[1] == 0.0
+    one = seed_t_interval([0.5])
+    assert one.delta == 0.5 and np.isnan(one.low) and np.isnan(one.high)
+    with pytest.raises(ValueError):
+        seed_t_interval([])
+
+
+def test_seed_t_interval_covers_the_mean_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    draws = rng.normal(1.0, 2.0, size=(4000, 5))  # 4000 experiments of 5 seeds each
+    hits = [(lambda c: c.low <= 1.0 <= c.high)(seed_t_interval(d)) for d in draws]
+    assert 0.935 <= np.mean(hits) <= 0.965
