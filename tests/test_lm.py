@@ -21,9 +21,10 @@ from sera.runlog import NonFiniteError, RunDir, read_jsonl
 EOS, PAD = 9, 0
 
 
-def tiny_model(seed=0):
+def tiny_model(seed=0, **overrides):
+    """A random 2-layer Llama of vocabulary 10 (overrides: other LlamaConfig fields)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    settings = dict(
         vocab_size=10,
         hidden_size=32,
         intermediate_size=64,
@@ -36,7 +37,7 @@ def tiny_model(seed=0):
         pad_token_id=PAD,
         bos_token_id=1,
     )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(LlamaConfig(**{**settings, **overrides}))
 
 
 PROMPTS = [[1, 2, 3], [1, 4], [1, 5, 6, 7, 2]]  # different lengths: left padding is exercised

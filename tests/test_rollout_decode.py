@@ -4,31 +4,14 @@ masks and log-probs; its log-probs match a plain forward pass; unsupported model
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import sera.rollout
 from sera.rollout import HFEngine, response_logprobs
+from tests.test_lm import EOS, PAD
+from tests.test_lm import tiny_model as llama
 
-EOS, PAD = 9, 0
 PROMPTS = [[1, 2, 3], [1, 4], [1, 5, 6, 7, 2], [3, 3, 8, 1]]  # different lengths: left padding is exercised
-
-
-def llama(seed=0, **overrides):
-    torch.manual_seed(seed)
-    settings = dict(
-        vocab_size=10,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        bos_token_id=1,
-    )
-    return LlamaForCausalLM(LlamaConfig(**{**settings, **overrides}))
 
 
 # the maze/math shape (multi-head), and SmolLM2's (grouped-query attention: 2 query heads per key/value head), with
