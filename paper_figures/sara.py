@@ -8,12 +8,14 @@ groups included), alloc/rollouts (trained; absent on a step with nothing to trai
 accounting (alloc/groups_committed, alloc/hit_wave_cap, alloc/shortfall), DPS's alloc/dps_predicted_partial and
 alloc/dps_observed_partial, and on the classifier, where p is exact, alloc/abandon_error_mean (P(the abandoned group
 would have ended mixed)) and, for the batch allocators, alloc/saturated_share (P(a fresh group of n0 is all-equal),
-averaged over the step's images). Evaluations log train/distinct_prompts when the scale asks (train.log_coverage).
+averaged over the step's images). Evaluations log train/distinct_prompts when the scale asks (train.log_coverage), and
+an LM run with a finite training set then evaluates it at the end (eval/train_pool/pass@k).
 Per row (a method and its sequential settings where they are not the defaults; mean over seeds): cumulative rollouts
 generated and trained, rollouts generated per trained rollout and its ratio to DS's (the cap-neutral saving: arms
 that hit their caps train fewer groups), groups trained a step, steps that hit the method's cap (named) and the mean
-shortfall, the effective yield, the abandonment error, distinct prompts trained, Pass@K at the start of RL and at
-the end, and Pass@1 at equal rollouts generated. The start of RL is the classifier's evaluation after the CE warm
+shortfall, the effective yield, the abandonment error, distinct prompts trained and Pass@1 on the training set at the
+end (an LM study's finite pool: against held-out Pass@K, whether selection overfits it), Pass@K at the start of RL and
+at the end, and Pass@1 at equal rollouts generated. The start of RL is the classifier's evaluation after the CE warm
 start (eval.at_start) and, on the LM studies, the base run's evaluation (RL starts from that model). A second table
 per study calibrates DPS's predictor; the claims table gives each seed's value beside the mean. The figure is Pass@1
 against cumulative rollouts generated, one panel per study.
@@ -45,6 +47,7 @@ ABSTRACT = (
 )
 CAPS = {"ds": ("max_rounds", "rounds"), "sara": ("max_waves", "waves")}  # a sampler family's cap setting and unit
 LM_PASS1 = re.compile(r"eval/([^/]+)/pass@1")
+TRAIN_POOL = "eval/train_pool/pass@"  # the LM studies' training set, evaluated at the end (train.log_coverage)
 
 
 def cumulative(run: Run, key: str) -> float | None:
@@ -69,7 +72,7 @@ def eval_prefix(run: Run) -> str:
         for key in record:
             if key == "eval/pass@1":
                 return "eval/pass@"
-            if match := LM_PASS1.fullmatch(key):
+            if (match := LM_PASS1.fullmatch(key)) and f"eval/{match.group(1)}/pass@" != TRAIN_POOL:
                 return f"eval/{match.group(1)}/pass@"
     return "eval/pass@"
 
@@ -216,6 +219,7 @@ def summarise(group: list[Run], runs: list[Run], prefix: str, show: list[int]) -
         "predicted": mean_over(done, lambda r: average(r, "alloc/dps_predicted_partial")),
         "observed": mean_over(done, lambda r: average(r, "alloc/dps_observed_partial")),
         "distinct": mean_over(done, lambda r: r.last("train/distinct_prompts")),
+        "pool": mean_over(done, lambda r: final_passk(r, TRAIN_POOL).get(1)),
         "empty": int(sum(cumulative(r, "train/skipped_empty") or 0 for r in done)),
         "start": mean_over(done, lambda r: start_of(pass1_curve(r, prefix, starts[id(r)]))),
         "passk": {k: mean_over(done, lambda r, k=k: final_passk(r, prefix).get(k)) for k in show},
@@ -260,7 +264,7 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
     header = ["method", "seeds", "steps", "generated (k)", "vs DS", "trained (k)", "generated per trained",
               "vs DS per trained", "groups trained a step", "cap", "steps at the cap (%)", "shortfall a step",
               "effective yield (%)", "abandon error (%)", "empty steps (all seeds)", "distinct prompts trained",
-              "Pass@1 at start (%)", *[f"Pass@{k} (%)" for k in show],
+              "training-set Pass@1 (%)", "Pass@1 at start (%)", *[f"Pass@{k} (%)" for k in show],
               f"Pass@1 at {thousands(common)}k generated (%)"]  # fmt: skip
     rows = []
     for s in summary.values():
@@ -274,7 +278,7 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
             number(cost), neutral, number(s["groups"], 1), s["cap"] or "none", percent(s["cap_steps"]),
             number(s["shortfall"], 1),
             percent(s["effective"] / s["generated"] if s["effective"] is not None and s["generated"] else None),
-            percent(s["abandon"]), s["empty"], number(s["distinct"], 0), percent(s["start"]),
+            percent(s["abandon"]), s["empty"], number(s["distinct"], 0), percent(s["pool"]), percent(s["start"]),
             *[percent(s["passk"][k]) for k in show],
             percent(mean_over(s["curve"], lambda curve: at_rollouts(curve, common))),
         ])  # fmt: skip

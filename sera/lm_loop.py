@@ -55,7 +55,8 @@ class Task(Protocol):
     Prompts are token-id lists; a prompt id identifies a question (ints, stable across runs: the per-question
     records and the historical p_hat are keyed by it). `eval_extras(name, ids, rollouts) -> {key: (Q,) values}` is
     optional: per-question extras of an evaluation set (e.g. the maze's distinct answers), averaged into
-    `eval/<name>/<key>`.
+    `eval/<name>/<key>`; so is `train_pool_set() -> (ids, token lists)`, a finite training set as an evaluation set
+    (evaluated at the end with train.log_coverage, as eval/train_pool/...).
     """
 
     eos_id: int | list[int]  # the token (or tokens) that end a response
@@ -411,6 +412,25 @@ def evaluate_into(run_dir: RunDir | None, step: int, ls: LoopSettings, task: Tas
     return metrics
 
 
+TRAIN_POOL = "train_pool"  # evaluation set name of a task's finite training set (Task.train_pool_set, optional)
+TRAIN_POOL_SEED = 104729  # offset of its evaluation generator's seed from the training generator's
+
+
+class TrainPool:
+    """A task seen through its training set: one evaluation set, TRAIN_POOL = task.train_pool_set() (ids, token
+    lists), scored by the task. With train.log_coverage the last step also evaluates it: Pass@1 on the prompts
+    trained on against the held-out sets is what overfitting a small pool (DPS picking the same prompts) shows."""
+
+    def __init__(self, task: Task):
+        self.task, self.eos_id, self.pad_id = task, task.eos_id, task.pad_id
+
+    def eval_sets(self) -> dict:
+        return {TRAIN_POOL: self.task.train_pool_set()}
+
+    def rewards(self, ids, responses, truncated) -> np.ndarray:
+        return self.task.rewards(ids, responses, truncated)
+
+
 def coverage(ls: LoopSettings, history) -> dict:
     """train/distinct_prompts: prompts trained on so far (those the history has a rate for), when train.log_coverage
     (the sequential grid: how many prompts DPS's selection returns to)."""
@@ -470,6 +490,9 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         if (step + 1) % ls.eval_every == 0 or is_last:
             final = evaluate_into(run_dir, step + 1, ls, task, engine, generator)
             metrics.update(final | coverage(ls, history))
+            if is_last and ls.log_coverage and task.num_prompts and hasattr(task, "train_pool_set"):  # own generator
+                pool = torch.Generator().manual_seed(ls.seed + 7919 * rank + TRAIN_POOL_SEED)
+                metrics.update(evaluate_into(run_dir, step + 1, ls, TrainPool(task), engine, pool))
             bar.set_postfix({k.rsplit("/", 2)[-2] + "@1": f"{v:.3f}" for k, v in final.items() if k.endswith("pass@1")})
         checkpoint_due = (step + 1) % ls.checkpoint_every == 0 and not is_last
         generators = all_gather(generator.get_state()) if checkpoint_due and world > 1 else [generator.get_state()]

@@ -202,3 +202,20 @@ def test_distinct_answers():
     assert distinct_answers(samples) == 3
     assert distinct_answers(samples[4:]) == 0
     assert distinct_answers([]) == 0
+
+
+def test_train_pool_set_is_the_pool_and_scores_its_mazes():
+    """The finite training pool as an evaluation set (sera.lm_loop.TrainPool): ids 0..P-1, the same mazes a training
+    step draws, each scored 1 for its BFS solution; fresh training mazes have no pool."""
+    from experiments.maze.task import MazeTask
+
+    task = MazeTask(cells_for_grid(7), num_eval=2, run_seed=3, pool_size=6)
+    step_ids, step_prompts = task.train_prompts(0, 6)
+    ids, prompts = task.train_pool_set()
+    assert ids.tolist() == list(range(6))
+    assert {int(i): p for i, p in zip(step_ids, step_prompts, strict=True)} == dict(enumerate(prompts))
+    answers = [encode_answer(solve(task.grids[int(i)])) for i in ids]
+    assert task.rewards(ids, answers, np.zeros(6, dtype=bool)).tolist() == [1.0] * 6
+    assert task.rewards(ids[:1], [encode_answer([])], np.zeros(1, dtype=bool)).tolist() == [0.0]
+    with pytest.raises(ValueError, match="pool_size"):
+        MazeTask(cells_for_grid(7), num_eval=2).train_pool_set()

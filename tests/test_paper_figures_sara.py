@@ -106,6 +106,7 @@ def test_start_of_rl_from_the_warm_start_evaluation_or_the_base_run(tmp_path):
 
     maze = tmp_path / "maze-x"
     held = [{"eval/heldout/pass@1": 0.1 * i} if i % 2 else {} for i in range(4)]
+    held[-1] |= {"eval/train_pool/pass@1": 0.75}  # the training pool, evaluated at the end
     write_run(maze, "grpo", [step(8, 8, 4) | h for h in held], experiment="maze")
     base = maze / "base_seed-0"
     base.mkdir()
@@ -114,7 +115,8 @@ def test_start_of_rl_from_the_warm_start_evaluation_or_the_base_run(tmp_path):
     (base / DONE_FILE).write_text("{}")
     sara.build(tmp_path, "x", tmp_path / "out", ["maze"])
     row = rows_of(tmp_path / "out" / "sara-x" / "maze.csv")["GRPO"]
-    assert row["Pass@1 at start (%)"] == "2.00" and row["Pass@1 (%)"] == "30.00"
+    assert row["Pass@1 at start (%)"] == "2.00" and row["Pass@1 (%)"] == "30.00"  # held-out, not the pool
+    assert row["training-set Pass@1 (%)"] == "75.00"
     run = [r for r in sara.load_runs(maze) if r.get("experiment") == "maze"][0]
     x, y = sara.pass1_curve(run, "eval/heldout/pass@", 0.02)
     assert x.tolist() == [0, 16, 32] and y.tolist() == pytest.approx([0.02, 0.1, 0.3])

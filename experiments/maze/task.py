@@ -252,6 +252,15 @@ class MazeTask:
     def eval_sets(self):
         return {EVAL_SET: (self.eval_ids, [encode_prompt(self.eval_grids[int(s)]) for s in self.eval_ids])}
 
+    def train_pool_set(self):
+        """The finite training pool as an evaluation set (ids 0..P-1), its grids kept for scoring until the next
+        step starts (sera.lm_loop.TrainPool)."""
+        if self.num_prompts is None:
+            raise ValueError("fresh training mazes have no pool to evaluate; set task.pool_size")
+        ids = np.arange(self.num_prompts)
+        self.grids |= {int(i): generate_maze(self.cells, self.maze_seed(int(i))) for i in ids}
+        return ids, [encode_prompt(self.grids[int(i)]) for i in ids]
+
     def rewards(self, ids, responses, truncated):
         """1 iff the moves reach the goal (a truncated answer has no DONE, so it is malformed and scores 0)."""
         return np.array([reward(self.grids[int(i)], r) for i, r in zip(ids, responses, strict=True)])
