@@ -239,7 +239,9 @@ class SERAGRPOTrainer(GRPOTrainer):
 
         def draw(counts: np.ndarray):  # counts (B,) more rollouts of each prompt, split evenly across processes
             jobs = np.repeat(np.arange(batch), counts)  # (J,) the prompt of each new rollout, grouped
-            share = jobs.size // world
+            share, rest = divmod(jobs.size, world)
+            if rest:  # check_supported makes every draw (B x m, B x (n0 - m), B x n0) a multiple of P
+                raise RuntimeError(f"a draw of {jobs.size} completions does not split over {world} processes")
             if share == 0:
                 return None, np.zeros(0)
             mine = [dict(groups[i]) for i in jobs[rank * share : (rank + 1) * share]]
