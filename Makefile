@@ -132,6 +132,7 @@ endif
 # pool 8 B: a candidate every ~24 steps, its counts decayed to nothing in between).
 SARA_METHODS := grpo,maxrl,ds,dps,sara,sara+dps,sara+sera,sara+maxrl
 DPS_FAIR := method.sequential.dps_decay=0.7 method.sequential.dps_ratio=64
+SARA_FLAT := method.sequential.prior=flat method.sequential.k0=4  # the rule as first run: "probe 4, keep if mixed"
 SARA_SEEDS ?= 0
 SARA_STUDIES ?= imagenet,maze,math
 comma := ,
@@ -140,6 +141,7 @@ SARA_RUN = $(filter $(1),$(subst $(comma), ,$(SARA_STUDIES)))
 reproduce-sara: install ## sequential allocation: GRPO, MaxRL, DS, DPS, SARA, SARA+DPS, SARA+SERA, SARA+MaxRL; SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
 	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
 	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=dps $(DPS_FAIR) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=sara $(SARA_FLAT) seed=$(SARA_SEEDS))
 	$(if $(call SARA_RUN,maze),$(MAZE) scale=maze/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
 	$(if $(call SARA_RUN,math),$(MATH) scale=math/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
 	$(PY) -m paper_figures.sara --scale $(SCALE)_sara --studies $(SARA_STUDIES)
