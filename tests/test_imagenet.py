@@ -141,7 +141,7 @@ def test_every_config_composes_and_validates(method, scale):
         (["method=sera", "alloc.delta=0"], ValueError, "keep_cv_on_zero"),
         (["method=sera", "method.pilot_m=4", "alloc.n_min=2"], ValueError, "below method.pilot_m"),
         (["method=common"], ValueError, "not a method"),
-        (["method=sara", "method.sequential.k0=99"], ValueError, "k0 <= n0"),
+        (["method=sara", "method.sequential.k0=99"], ValueError, "must be <= n0"),
         (["method=dps", "method.estimator=pilot"], ValueError, "without p_hat"),
         (["method=direct_ce", "train.steps=0"], ValueError, "train.steps"),
         (["run.checkpoint_every=0"], ValueError, "checkpoint_every"),

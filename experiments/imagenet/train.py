@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -190,9 +191,48 @@ def run(cfg: DictConfig) -> dict:
             run_dir.close()
 
 
-def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads: int, run_dir) -> dict:
-    """The training loop of one run (rank 0 holds the run directory); returns the final evaluation."""
+@dataclass
+class Training:
+    """What a run carries from step to step and through its checkpoints."""
 
+    model: torch.nn.Module
+    params: list
+    optimizer: torch.optim.Optimizer
+    stream: BatchStream  # the training images, in seeded epochs
+    history: HistoricalEstimator  # each image's last success rate (the historical p_hat)
+    seq_state: object | None  # the sequential allocators' state (DPS's predictor, SARA's prior), else None
+    sample_gen: torch.Generator  # draws the rollouts (labels)
+
+    def checkpoint(self, step: int, rng: list) -> dict:
+        return {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "stream": self.stream.state_dict(),
+            "history": self.history.state_dict(),
+            "sequential": self.seq_state.state_dict() if self.seq_state is not None else None,
+            "rng": rng,
+        }
+
+    def restore(self, state: dict, cfg, rl_phase: bool, rank: int) -> int:
+        """Load a checkpoint (an RL-phase one into a fresh RL optimizer); returns the step to resume at."""
+        self.model.load_state_dict(state["model"])
+        if rl_phase:
+            self.optimizer = make_optimizer(cfg, self.params)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.stream.load_state_dict(state["stream"])
+        self.history.load_state_dict(state["history"])
+        if self.seq_state is not None:
+            self.seq_state.load_state_dict(state.get("sequential") or state["predictor"])  # "predictor": older runs
+        gen_state, torch_state = state["rng"][rank]
+        self.sample_gen.set_state(gen_state)
+        torch.set_rng_state(torch_state)
+        return state["step"]
+
+
+def setup(cfg, settings: MethodSettings, rank: int, world: int, device) -> tuple[Training, object]:
+    """A fresh run's Training (data, model DDP-wrapped under torchrun, optimizer, p_hat history, sampling generator)
+    and its validation batches."""
     torch.manual_seed(cfg.seed + rank)
     stream, val_batches, in_features, num_classes = build_task(cfg, rank, world)
     model = build_model(cfg.model.name, in_features, num_classes, list(cfg.model.hidden)).to(device)
@@ -201,15 +241,71 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     params = [p for p in model.parameters() if p.requires_grad]
-    total_steps = cfg.train.epochs * stream.steps_per_epoch if cfg.train.epochs else cfg.train.steps
+    history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
+    seq_state = sequential_state(settings, stream.num)  # DPS's predictor, SARA's prior: carried across steps
+    sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
+    return Training(model, params, make_optimizer(cfg, params), stream, history, seq_state, sample_gen), val_batches
+
+
+def next_images(settings: MethodSettings, tr: Training, batch_size: int, device, sequential: bool):
+    """The step's images (idx, x, y) and, for a sequential allocator, its rollouts (labels, Collected) and accounting:
+    the allocator takes images as it goes, and the loss is on the groups it trains (x is None when there are none)."""
+    if not sequential:
+        idx, x, y = tr.stream.next_batch()
+        return idx, x, y, None, {}
+    prompts = ImagePrompts(tr.stream, tr.model, device)
+    labels, collected = sequential_rollouts(settings, prompts, batch_size, tr.sample_gen, tr.seq_state)
+    chosen = collected.prompts
+    idx, y = torch.from_numpy(prompts.ids[chosen]), torch.from_numpy(prompts.y[chosen])
+    x = prompts.images(chosen) if chosen.size else None
+    return idx, x, y, (labels, collected), abandonment_error(collected, prompts.p_true, settings.n0)
+
+
+def step_loss(cfg, settings: MethodSettings, tr: Training, idx, x, y, drawn, rl_step: bool, cos_due: bool, device):
+    """Forward, the exact-likelihood (CE) loss, and in the RL phase the policy-gradient loss of the step's rollouts
+    with its metrics and, when cos_due, the gradient's alignment to CE. Returns (loss, rollout data or None,
+    metrics); loss is None when a sequential allocator left nothing to train on."""
+    if x is None:  # DS or SARA at their caps on an all-saturated stream: say so and move on
+        return None, None, {**generation_metrics(drawn[1]), "train/skipped_empty": 1}
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    logp = F.log_softmax(tr.model(x).float(), dim=-1)  # (B, C)
+    logp_true = logp.gather(1, y[:, None])[:, 0]  # (B,) log p
+    ce_loss = -logp_true.mean()  # exact likelihood objective: Direct CE
+    metrics = {"train/ce": ce_loss.item(), "train/p_mean": logp_true.detach().exp().mean().item()}
+    if not rl_step:
+        return ce_loss, None, metrics
+    if drawn is not None:  # the sequential allocator's rollouts, drawn with the images
+        labels, collected = drawn
+        p_exact = logp_true.detach().exp().double().cpu().numpy()
+        loss, out = policy_loss(settings, logp, collected.rows, labels, collected, p_exact, idx.numpy(), tr.history)
+    else:
+        loss, out = rollout_loss(settings, logp, logp_true, idx, y, tr.history, tr.sample_gen)
+    metrics.update(step_metrics(settings, out, loss.item(), tr.stream.batch_size))
+    if cos_due:
+        metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, tr.params))
+    return loss, out, metrics
+
+
+def update(optimizer, loss, metrics: dict, skips: SkipGuard, step: int) -> None:
+    """One optimizer step on a finite loss; a non-finite one is skipped and said (train/skipped_nonfinite)."""
+    optimizer.zero_grad(set_to_none=True)
+    if loss is not None and torch.isfinite(loss):
+        loss.backward()
+        optimizer.step()
+    elif loss is not None:
+        metrics["train/skipped_nonfinite"] = 1
+    skips.record(loss is not None and not torch.isfinite(loss), step)
+
+
+def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads: int, run_dir) -> dict:
+    """The training loop of one run (rank 0 holds the run directory): images -> rollouts -> loss -> update ->
+    evaluation and checkpoint. Returns the final evaluation."""
+    tr, val_batches = setup(cfg, settings, rank, world, device)
+    total_steps = cfg.train.epochs * tr.stream.steps_per_epoch if cfg.train.epochs else cfg.train.steps
     rl = settings.is_rl
     warm = cfg.train.warm_start_steps if rl else 0  # Direct CE is one CE phase; the warm start is its prefix
-    history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
     sequential = rl and settings.sampler.stream  # DS, DPS, SARA: images drawn as the step goes
-    seq_state = sequential_state(settings, stream.num)  # DPS's predictor, SARA's prior: carried across steps
     skips = SkipGuard(cfg.run.max_skipped_steps)
-    sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
-    optimizer = make_optimizer(cfg, params)
 
     start = 0
     state = run_dir.load_checkpoint() if run_dir is not None else None
@@ -218,18 +314,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         torch.distributed.broadcast_object_list(box, src=0)
         state = box[0]
     if state is not None:
-        model.load_state_dict(state["model"])
-        if state["step"] >= warm and rl:
-            optimizer = make_optimizer(cfg, params)
-        optimizer.load_state_dict(state["optimizer"])
-        stream.load_state_dict(state["stream"])
-        history.load_state_dict(state["history"])
-        if seq_state is not None:
-            seq_state.load_state_dict(state.get("sequential") or state["predictor"])  # "predictor": older checkpoints
-        gen_state, torch_state = state["rng"][rank]
-        sample_gen.set_state(gen_state)
-        torch.set_rng_state(torch_state)
-        start = state["step"]
+        start = tr.restore(state, cfg, rl and state["step"] >= warm, rank)
     if run_dir is not None:
         run_dir.rewind(start - 1)  # drop records of work lost with an interruption (all of them without a checkpoint)
 
@@ -246,63 +331,29 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
     for step in bar:
         t0 = time.perf_counter()
         if rl and step == warm:  # RL phase: a fresh optimizer with its own warmup (CE-phase Adam moments mismatch)
-            optimizer = make_optimizer(cfg, params)
+            tr.optimizer = make_optimizer(cfg, tr.params)
         phase = (0, warm) if step < warm else (warm, total_steps)
-        for group in optimizer.param_groups:
+        for group in tr.optimizer.param_groups:
             group["lr"] = lr_at(cfg, step, *phase)
-        metrics, rl_step = {}, rl and step >= warm
-        if sequential and rl_step:  # the allocator takes images as it goes; the loss is on the groups it trains
-            prompts = ImagePrompts(stream, model, device)
-            labels, collected = sequential_rollouts(settings, prompts, cfg.train.batch_size, sample_gen, seq_state)
-            chosen = collected.prompts
-            metrics |= abandonment_error(collected, prompts.p_true, settings.n0)
-            idx, y = torch.from_numpy(prompts.ids[chosen]), torch.from_numpy(prompts.y[chosen])
-            x = prompts.images(chosen) if chosen.size else None
-        else:
-            idx, x, y = stream.next_batch()
-        loss = None
-        if x is not None:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            logits = model(x)
-            logp = F.log_softmax(logits.float(), dim=-1)  # (B, C)
-            logp_true = logp.gather(1, y[:, None])[:, 0]  # (B,) log p
-            ce_loss = -logp_true.mean()  # exact likelihood objective: Direct CE
-            metrics |= {"train/ce": ce_loss.item(), "train/p_mean": logp_true.detach().exp().mean().item()}
-            if not rl_step:
-                loss = ce_loss
-            else:
-                if sequential:
-                    p_exact = logp_true.detach().exp().double().cpu().numpy()
-                    rows = collected.rows
-                    loss, out = policy_loss(settings, logp, rows, labels, collected, p_exact, idx.numpy(), history)
-                else:
-                    loss, out = rollout_loss(settings, logp, logp_true, idx, y, history, sample_gen)
-                metrics.update(step_metrics(settings, out, loss.item(), stream.batch_size))
-                if (step - warm) % cfg.eval.grad_cos_every == 0:
-                    metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, params))
-        else:  # nothing to train on (DS or SARA at their caps on an all-saturated stream): say so and move on
-            metrics |= {**generation_metrics(collected), "train/skipped_empty": 1}
-
-        optimizer.zero_grad(set_to_none=True)
-        if loss is not None and torch.isfinite(loss):
-            loss.backward()
-            optimizer.step()
-        elif loss is not None:
-            metrics["train/skipped_nonfinite"] = 1
-        skips.record(loss is not None and not torch.isfinite(loss), step)
+        rl_step = rl and step >= warm
+        idx, x, y, drawn, metrics = next_images(settings, tr, cfg.train.batch_size, device, sequential and rl_step)
+        cos_due = (step - warm) % cfg.eval.grad_cos_every == 0
+        loss, out, loss_metrics = step_loss(cfg, settings, tr, idx, x, y, drawn, rl_step, cos_due, device)
+        metrics |= loss_metrics
+        update(tr.optimizer, loss, metrics, skips, step)
         metrics["time/step_s"] = time.perf_counter() - t0
-        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
+        metrics["train/lr"] = tr.optimizer.param_groups[0]["lr"]
         metrics["time/threads"] = threads
 
         is_last = step == total_steps - 1
         at_start = cfg.eval.at_start and rl and step + 1 == warm  # the model RL starts from (closed form: no RNG)
         if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last or at_start):
-            final, p_val = evaluate(model, val_batches, cfg.eval.ks, device)
+            final, p_val = evaluate(tr.model, val_batches, cfg.eval.ks, device)
             check_finite_eval(final, step + 1)
             metrics.update(final)
             if cfg.train.log_coverage:  # distinct images trained on in the RL phase so far
-                metrics["train/distinct_prompts"] = int(np.count_nonzero(~np.isnan(history.last_rate)))
-            metrics["train/steps_per_epoch"] = stream.steps_per_epoch  # Table 3 averages over the last epoch
+                metrics["train/distinct_prompts"] = int(np.count_nonzero(~np.isnan(tr.history.last_rate)))
+            metrics["train/steps_per_epoch"] = tr.stream.steps_per_epoch  # Table 3 averages over the last epoch
             bar.set_postfix(pass1=f"{final['eval/pass@1']:.3f}")
             if rl_step and loss is not None:  # the allocation picture: this step's p_hat, exact p and n_i per image
                 np.savez(
@@ -312,21 +363,11 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
                     p_hat=out.p_hat if out.p_hat is not None else np.full(len(out.counts), np.nan),
                 )
         checkpoint_due = (step + 1) % cfg.run.checkpoint_every == 0 and not is_last
-        rng = rng_states(sample_gen) if checkpoint_due else None  # collective: every rank takes part
+        rng = rng_states(tr.sample_gen) if checkpoint_due else None  # collective: every rank takes part
         if run_dir is not None:
             run_dir.log(step, metrics)
             if checkpoint_due:
-                run_dir.save_checkpoint(
-                    {
-                        "step": step + 1,
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "stream": stream.state_dict(),
-                        "history": history.state_dict(),
-                        "sequential": seq_state.state_dict() if seq_state is not None else None,
-                        "rng": rng,
-                    }
-                )
+                run_dir.save_checkpoint(tr.checkpoint(step + 1, rng))
     if run_dir is not None:
         np.save(run_dir.path / VAL_P_FILE, p_val)
         run_dir.finish({"step": total_steps, **final})
