@@ -256,15 +256,17 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
                 a, b = (per_question(g, dataset, ks) for g in pair)
                 sera, maxrl, common = pair_by_question(a, b, f"{shown} SERA vs MaxRL ({norm})")
                 ci = paired_bootstrap_ci(sera, maxrl, num_resamples=num_resamples)
+                no_seed = [0, "", "", "", ""]  # until a seed both ran fills them
                 for col, k in enumerate(common):
-                    cells[k] = [100 * ci.delta[col], 100 * ci.low[col], 100 * ci.high[col], len(a.ids)]
+                    cells[k] = [100 * ci.delta[col], 100 * ci.low[col], 100 * ci.high[col], len(a.ids), *no_seed]
                 # seeds are the unit here: the interval covers training randomness, which the bootstrap does not
                 seed_ids, seed_ks, diffs = seed_differences(*pair, dataset, ks, f"{shown} SERA vs MaxRL ({norm})")
                 by_seed = seed_t_interval(diffs) if diffs is not None else None
                 for col, k in enumerate(seed_ks if diffs is not None else []):
                     low, high = (100 * by_seed.low[col], 100 * by_seed.high[col]) if len(seed_ids) > 1 else ("", "")
                     per_seed = ", ".join(f"{s}: {100 * d:+.2f}" for s, d in zip(seed_ids, diffs[:, col], strict=True))
-                    cells[k] = [*cells.get(k, [None] * 4), len(seed_ids), 100 * by_seed.delta[col], low, high, per_seed]
+                    cells[k] = [*cells.get(k, [None] * 4)[:4], len(seed_ids), 100 * by_seed.delta[col], low, high,
+                                per_seed]  # fmt: skip
             for k in ks:
                 missing = [pair, *[""] * 8] if isinstance(pair, str) else [None] * 9  # refused, or not run
                 rows.append([shown, norm, k, *cells.get(k, missing), *paper_delta(reference, shown, k)])

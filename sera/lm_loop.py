@@ -13,7 +13,8 @@ generates, scores and trains only its share of the prompts (prompt i on rank i m
 global normalisers and the gradients are summed across ranks, so a step equals the one-process step on the same
 rollouts. Evaluation questions are sharded the same way. Rank 0 holds the run directory.
 
-A study plugs in with a `Task` (below) and a short entry point; tests/test_lm.py has a toy task as the example.
+A study plugs in with a `Task` (below) and a short entry point built from sera/lm_study.py; tests/test_lm_study.py
+builds a toy study that way.
 """
 
 from __future__ import annotations

@@ -260,3 +260,14 @@ def test_table5_seed_level_columns_take_seeds_as_the_unit(tmp_path):
         assert float(row["seed 95% high"]) == pytest.approx(37.5 + 12.7062 * 12.5, abs=0.01)
         assert row["per seed (pp)"] == "0: +25.00, 1: +50.00"
     assert (tmp_path / "out" / "math-paper" / "table1_gsm8k-platinum_regime.png").exists()
+
+
+def test_table5_without_a_shared_seed_keeps_its_columns(tmp_path):
+    """SERA ran seed 0, MaxRL seed 1: the question-paired cells are there, the seed-level ones say 0 seeds, and the
+    paper's numbers stay in their own columns."""
+    math_run(tmp_path, "maxrl1", "maxrl", [0, 0, 0, 0], seed=1)
+    math_run(tmp_path, "sera0", "sera", [512, 0, 0, 0], seed=0)
+    math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
+    row = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")[0]
+    assert float(row["delta (pp)"]) == pytest.approx(25.0) and row["seeds"] == "0" and row["per seed (pp)"] == ""
+    assert row["paper delta"] == "4.69"
