@@ -32,6 +32,7 @@ from paper_figures.runs import (
     status_tags,
     tagged,
     tested_methods,
+    verdict_methods,
     with_results,
 )
 from sera.allocation import scale_factor
@@ -136,6 +137,11 @@ def reproduced_row(label: str, group: list[Run], scale: str) -> list:
     ]
 
 
+def uses_p_hat(name) -> bool:
+    """Whether the method allocates from p_hat (SERA's waterline): the runs with an allocation picture."""
+    return name in METHODS and METHODS[name].sampler.p_hat
+
+
 def verdict_runs(group: list[Run]) -> list[Run]:
     """The seeds of a group that enter the SERA-minus-MaxRL verdict: evaluated, with per-image p saved at the end."""
     return [r for r in with_results(group, evaluated) if (r.path / VAL_P_FILE).exists()]
@@ -155,14 +161,7 @@ def val_p(sera: list[Run], maxrl: list[Run]) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([arrays[r.path] for r in sera]), np.stack([arrays[r.path] for r in maxrl])
 
 
-def verdict_methods(groups: list[list[Run]]) -> list[str]:
-    """The tested methods (registry baselines) among the groups; the first (SERA) when none ran, so the verdict
-    table still shows its header."""
-    names = {g[0].get("method.name") for g in groups}
-    return [n for n in tested_methods() if n in names] or tested_methods()[:1]
-
-
-def method_vs_baseline(groups: list[list[Run]], scale: str, name: str = "sera") -> str:
+def method_vs_baseline(groups: list[list[Run]], scale: str, name: str) -> str:
     """Per n0: a method (SERA) minus its registry baseline (MaxRL) at Pass@1 and Pass@1024 (question-paired 95%
     bootstrap CI over validation images, seeds averaged), at Pass@1 seed by seed (the CI does not cover training
     randomness; this column shows it), and in gradient cosine to CE."""
@@ -245,7 +244,7 @@ def allocation_figure(groups: list[list[Run]], stem: Path) -> None:
     snaps = {
         g[0].get("n0"): (s, g[0])
         for g in groups
-        if g[0].get("method.name") == "sera" and not variant(g[0]) and (s := snapshot(g, 0)) is not None
+        if uses_p_hat(g[0].get("method.name")) and not variant(g[0]) and (s := snapshot(g, 0)) is not None
     }
     if not snaps:
         return

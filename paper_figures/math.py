@@ -38,8 +38,11 @@ from paper_figures.runs import (
     status_tags,
     tagged,
     tested_and_baselines,
+    tested_methods,
+    verdict_methods,
     with_results,
 )
+from sera.methods import METHODS
 from sera.stats import paired_bootstrap_ci, seed_t_interval
 
 OUT = Path(__file__).parent / "out"
@@ -182,9 +185,9 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
                   label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation"))
                   if g[0].get("method.name") in tested_and_baselines()}  # fmt: skip
         regime_figure(regime, dataset, ks[-1], out_root / f"math-{scale}" / f"{name}_{dataset}_regime", shown)
-        for norm in {n for _, n in index}:  # bold the better of each reproduced MaxRL/SERA pair
-            i, j = index.get(("sera", norm)), index.get(("maxrl", norm))
-            if i is not None and j is not None:
+        for (tested, norm), i in index.items():  # bold the better of each reproduced (method, baseline) pair
+            j = index.get((METHODS[tested].baseline, norm)) if tested in tested_methods() else None
+            if j is not None:
                 bold |= bold_better(rows, i, j, range(6, len(header)))
         run_labels = {method_label(m) for m, _ in index}
         for p in reference:
@@ -239,28 +242,45 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
         "paper low",
         "paper high",
     ]
+    texts = []
+    for position, tested in enumerate(verdict_methods(groups)):  # SERA's in `name`, any other's in name_<method>
+        stem = name if position == 0 else f"{name}_{tested}"
+        md = write_table(out_root / f"math-{scale}" / stem, header, delta_rows(tested, groups, datasets, ks, reference,
+                                                                            num_resamples))  # fmt: skip
+        what = f"{method_label(tested)} minus {method_label(METHODS[tested].baseline)}"
+        texts.append(f"# {name.capitalize()} ({model}): {what}, scale={scale}\n\n{table_note(name, scale)}{md}")
+    text = "\n\n".join(texts)
+    print(text)
+    return text
+
+
+def delta_rows(tested: str, groups, datasets, ks, reference, num_resamples: int) -> list[list]:
+    """The rows of one tested method against its registry baseline: per dataset, normalisation and k, the
+    question-paired bootstrap, the seed-level t-interval and the per-seed differences, beside the paper's."""
+    baseline = METHODS[tested].baseline
+    what = f"{method_label(tested)} vs {method_label(baseline)}"
     rows = []
     by_norm: dict[str, set] = {}
     for g in groups:
         by_norm.setdefault(g[0].get("method.aggregation"), set()).add(g[0].get("method.name"))
-    norms = sorted(n for n, names in by_norm.items() if {"sera", "maxrl"} <= names)
+    norms = sorted(n for n, names in by_norm.items() if {tested, baseline} <= names)
     for dataset in datasets:
         shown = DATASETS[dataset]
         for norm in norms or ["token-mean"]:
             candidates = [
                 g for g in groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated_on(dataset))
             ]
-            pair = baseline_pair(candidates, f"{shown}, {norm}")
+            pair = baseline_pair(candidates, f"{shown}, {norm}", tested)
             cells = {}
             if isinstance(pair, tuple):
                 a, b = (per_question(g, dataset, ks) for g in pair)
-                sera, maxrl, common = pair_by_question(a, b, f"{shown} SERA vs MaxRL ({norm})")
-                ci = paired_bootstrap_ci(sera, maxrl, num_resamples=num_resamples)
+                x, y, common = pair_by_question(a, b, f"{shown} {what} ({norm})")
+                ci = paired_bootstrap_ci(x, y, num_resamples=num_resamples)
                 no_seed = [0, "", "", "", ""]  # until a seed both ran fills them
                 for col, k in enumerate(common):
                     cells[k] = [100 * ci.delta[col], 100 * ci.low[col], 100 * ci.high[col], len(a.ids), *no_seed]
                 # seeds are the unit here: the interval covers training randomness, which the bootstrap does not
-                seed_ids, seed_ks, diffs = seed_differences(*pair, dataset, ks, f"{shown} SERA vs MaxRL ({norm})")
+                seed_ids, seed_ks, diffs = seed_differences(*pair, dataset, ks, f"{shown} {what} ({norm})")
                 by_seed = seed_t_interval(diffs) if diffs is not None else None
                 for col, k in enumerate(seed_ks if diffs is not None else []):
                     low, high = (100 * by_seed.low[col], 100 * by_seed.high[col]) if len(seed_ids) > 1 else ("", "")
@@ -270,10 +290,7 @@ def delta_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT, nu
             for k in ks:
                 missing = [pair, *[""] * 8] if isinstance(pair, str) else [None] * 9  # refused, or not run
                 rows.append([shown, norm, k, *cells.get(k, missing), *paper_delta(reference, shown, k)])
-    md = write_table(out_root / f"math-{scale}" / name, header, rows)
-    text = f"# {name.capitalize()} ({model}): SERA minus MaxRL, scale={scale}\n\n{table_note(name, scale)}{md}"
-    print(text)
-    return text
+    return rows
 
 
 def paper_delta(reference: list[dict], dataset: str, k: int) -> list:

@@ -33,8 +33,10 @@ from paper_figures.runs import (
     status_tags,
     tagged,
     tested_and_baselines,
+    verdict_methods,
     with_results,
 )
+from sera.methods import METHODS
 from sera.stats import paired_bootstrap_ci, seed_t_interval
 
 OUT = Path(__file__).parent / "out"
@@ -89,38 +91,41 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     ]
     out = out_root / f"maze-{scale}"
     md = write_table(out / "table4", header, rows + paper_rows)
-    lines = [
-        "## SERA minus MaxRL (maze-paired 95% bootstrap, pp)",
-        "",
-        "| normalization | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
-        "|---|" + "---|" * len(ks),
-    ]
-    per_seed = []
-    for norm in ("token-mean", "seqnorm"):
-        candidates = [g for g in rl_groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated)]
-        pair = baseline_pair(candidates, f"maze, {norm}")
-        if not isinstance(pair, tuple):
-            lines.append(f"| {norm} | " + " | ".join([pair or "not run"] + [""] * (len(ks) - 1)) + " |")
-            continue
-        a, b = (per_question(g, EVAL_SET, ks) for g in pair)
-        sera, maxrl, _ = pair_by_question(a, b, f"maze SERA vs MaxRL ({norm})")
-        ci = paired_bootstrap_ci(sera, maxrl)
-        cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
-        lines.append(f"| {norm} | " + " | ".join(cells) + " |")
-        per_seed += seed_by_seed(norm, *pair, ks)
+    lines, per_seed = [], {}
+    for name in verdict_methods(rl_groups):  # each tested method against its registry baseline (SERA - MaxRL)
+        what = f"{method_label(name)} minus {method_label(METHODS[name].baseline)}"
+        lines += [
+            *([""] if lines else []),
+            f"## {what} (maze-paired 95% bootstrap, pp)",
+            "",
+            "| normalization | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+        ]
+        for norm in ("token-mean", "seqnorm"):
+            candidates = [g for g in rl_groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated)]
+            pair = baseline_pair(candidates, f"maze, {norm}", name)
+            if not isinstance(pair, tuple):
+                lines.append(f"| {norm} | " + " | ".join([pair or "not run"] + [""] * (len(ks) - 1)) + " |")
+                continue
+            a, b = (per_question(g, EVAL_SET, ks) for g in pair)
+            x, y, _ = pair_by_question(a, b, f"maze {what} ({norm})")
+            ci = paired_bootstrap_ci(x, y)
+            cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
+            lines.append(f"| {norm} | " + " | ".join(cells) + " |")
+            per_seed.setdefault(what, []).extend(seed_by_seed(norm, *pair, ks))
     base = with_results([r for g in base_groups for r in g], evaluated)
     rate = base[0].last(metric("best_fixed_answer_rate")) if base else None
     extra = ""
     if rate is not None:
         extra = f"\nBest single fixed answer solves {100 * rate:.2f}% of the held-out mazes (the shortcut baseline).\n"
-    if per_seed:  # the interval above covers the choice of mazes, not training randomness: show each seed
+    for what, rows in per_seed.items():  # the interval above covers the choice of mazes, not training randomness
         lines += [
             "",
-            "## SERA minus MaxRL seed by seed (pp; each seed's training mazes differ)",
+            f"## {what} seed by seed (pp; each seed's training mazes differ)",
             "",
             "| normalization | seed | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
             "|---|---|" + "---|" * len(ks),
-            *per_seed,
+            *rows,
         ]
     verdict = "\n".join(lines) + "\n" + extra
     (out / "table4_verdict.md").write_text(verdict)
@@ -136,7 +141,7 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
 def seed_by_seed(norm: str, sera: list[Run], maxrl: list[Run], ks: list[int]) -> list[str]:
     """One row per seed that both groups ran: the mean over mazes of SERA's minus MaxRL's Pass@k, in pp; then, with
     two seeds or more, their mean and seed-level 95% t-interval (seeds are the unit: it covers training randomness)."""
-    seeds, _, diffs = seed_differences(sera, maxrl, EVAL_SET, ks, f"maze SERA vs MaxRL ({norm})")
+    seeds, _, diffs = seed_differences(sera, maxrl, EVAL_SET, ks, f"maze, {norm}")
     rows = [f"| {norm} | {seed} | " + " | ".join(f"{100 * d:+.2f}" for d in row) + " |" for seed, row in
             zip(seeds, diffs if diffs is not None else [], strict=True)]  # fmt: skip
     if len(seeds) >= 2:

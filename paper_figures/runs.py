@@ -249,12 +249,19 @@ def tested_methods() -> list[str]:
     return [m.name for m in METHODS.values() if m.baseline]
 
 
+def verdict_methods(groups: list[list[Run]]) -> list[str]:
+    """The tested methods (registry baselines) among the groups, in registry order; the first (SERA) when none ran,
+    so a verdict table still shows its header."""
+    names = {g[0].get("method.name") for g in groups}
+    return [n for n in tested_methods() if n in names] or tested_methods()[:1]
+
+
 def tested_and_baselines() -> set[str]:
     """The tested methods and their baselines (SERA and MaxRL): the rows the regime figures draw."""
     return {n for m in tested_methods() for n in (m, METHODS[m].baseline)}
 
 
-def baseline_pair(groups: list[list[Run]], where: str, name: str = "sera") -> tuple[list[Run], list[Run]] | str | None:
+def baseline_pair(groups: list[list[Run]], where: str, name: str) -> tuple[list[Run], list[Run]] | str | None:
     """The (method, its registry baseline) groups to compare among `groups` (already narrowed to one n0 or
     normalisation, and to groups with results); None when either is missing; a "refused: ..." cell when two
     differently configured groups of one method would be paired with the same partner (stderr then names both
