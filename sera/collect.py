@@ -179,10 +179,14 @@ class SequentialState:
                                                                             ("prior", self.prior))}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        if "alpha" in state:  # a checkpoint written before SARA had a prior: the DPS predictor's state alone
+        if state is None:  # a SARA or SARA+SERA checkpoint written before SARA had a prior: nothing was carried
+            state = {"predictor": None, "prior": None}
+        elif "alpha" in state:  # one written before SARA had a prior: the DPS predictor's state alone
             state = {"predictor": state, "prior": None}
         for name in ("predictor", "prior"):
             mine, saved = getattr(self, name), state.get(name)
+            if name == "prior" and saved is None and mine is not None and mine.settings.prior == "flat":
+                continue  # the flat prior carries nothing, so a checkpoint from before the prior existed resumes it
             if (mine is None) != (saved is None):
                 raise ValueError(f"the checkpoint's sequential state {'lacks' if saved is None else 'has'} a {name}")
             if mine is not None:

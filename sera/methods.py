@@ -173,7 +173,7 @@ class MethodSettings:
             sequential = SequentialSettings(**(mc.get("sequential") or {}))
         except (TypeError, ValueError) as err:
             raise ValueError(f"method.sequential: {err}") from None
-        if sampler.stream and not sequential.k0 <= n0:
+        if sampler.prior and not sequential.k0 <= n0:  # SARA's first probe (DS and DPS draw whole groups)
             raise ValueError(f"method.sequential: the first probe k0={sequential.k0} must be <= n0={n0}")
         if sampler.prior and sequential.prior == "history" and not study.repeated_prompts:
             raise ValueError("method.sequential.prior=history keeps each prompt's past outcomes: it needs prompts that "
@@ -191,7 +191,7 @@ class MethodSettings:
     def variant(self, name_default_source: bool = True) -> str:
         """Run-name suffix of the p_hat source ('-m8', '-history', '-oracle'; with name_default_source=False only
         when it is not the registry's default), '-mc'/'-nomc' when the correction is not the registry's, and each
-        sequential setting the allocator reads that is not SequentialSettings' default ('-prior=flat-k0=4')."""
+        sequential setting the allocator reads that is not SequentialSettings' default ('-k0=4-prior=flat')."""
         tag = {"none": "", "pilot": f"-m{self.pilot_m}", "history": "-history", "oracle": "-oracle"}[self.estimator]
         if not name_default_source and (self.estimator, self.pilot_m) == (self.method.estimator, self.method.pilot_m):
             tag = ""

@@ -5,9 +5,9 @@ Pure numpy (no torch, no I/O). SARA probes each prompt with a few rollouts, keep
 and commits, abandons or probes further by the closed-form probability that the full group ends mixed
 (`effective_probability`, `sara_decision`) under a Beta prior that is flat, fitted to the population's recent probes, or
 that plus the prompt's own history (`SaraPrior`, `fit_beta_prior`); `sara_step` runs one training step of it in
-batched waves, vectorised over the step's groups. `ds_step` is
-the dynamic-sampling baseline, `DynamicsPredictor` and `dps_select` are DPS's per-prompt three-state chain and its
-top-B selection. Both step loops talk to the model only through two callbacks, `draw(prompt_ids, counts) -> rewards`
+batched waves, vectorised over the step's groups. `ds_step` is the dynamic-sampling baseline, `DynamicsPredictor`
+and `dps_order` are DPS's per-prompt three-state chain and its top-B selection (`dps_prompts`: a prompt stream ranked
+by it). Both step loops talk to the model only through two callbacks, `draw(prompt_ids, counts) -> rewards`
 (flat, grouped by prompt in order) and `next_prompts(k) -> up to k prompt ids`, so they run the same against a
 simulator in the tests and an LM rollout engine in training; both return a `StepResult` with the accounting every
 method reports (rollouts generated and trained, groups kept and dropped).
@@ -687,12 +687,6 @@ def dps_order(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> n
     if not 0 <= batch_size <= candidate_ids.size:
         raise ValueError(f"cannot select {batch_size} of {candidate_ids.size} candidates")
     return np.argsort(-predictor.partial_probability(candidate_ids), kind="stable")[:batch_size]
-
-
-def dps_select(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> np.ndarray:
-    """DPS selection: the batch_size candidate ids with the highest prior P(partial), best first (`dps_order`)."""
-    candidate_ids = np.asarray(candidate_ids, dtype=np.int64).reshape(-1)
-    return candidate_ids[dps_order(predictor, candidate_ids, batch_size)]
 
 
 def dps_prompts(

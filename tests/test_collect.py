@@ -85,3 +85,18 @@ def test_bad_draw_and_missing_source_are_errors():
 
 def test_every_registry_allocator_has_a_sampler():
     assert {m.allocator for m in METHODS.values() if m.advantage is not None} <= set(SAMPLERS)
+
+
+def test_sara_resumes_a_checkpoint_from_before_its_prior():
+    """Checkpoints written before SARA had a prior carried nothing for SARA (None) and the DPS predictor's state alone
+    for SARA+DPS: the flat prior resumes from them; a fitted prior, which has state, refuses them with a message."""
+    from sera.collect import SequentialState
+    from sera.sequential import DynamicsPredictor, SaraPrior, SequentialSettings
+
+    flat = SequentialState(None, SaraPrior(SequentialSettings(prior="flat", k0=4)))
+    flat.load_state_dict(None)
+    with_dps = SequentialState(DynamicsPredictor(4, 0.5), SaraPrior(SequentialSettings(prior="flat", k0=4), 4))
+    with_dps.load_state_dict(DynamicsPredictor(4, 0.5).state_dict())
+    fitted = SequentialState(None, SaraPrior(SequentialSettings(prior="population")))
+    with pytest.raises(ValueError, match="lacks a prior"):
+        fitted.load_state_dict(None)

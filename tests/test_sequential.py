@@ -17,8 +17,8 @@ from sera.sequential import (
     SaraAction,
     SaraPrior,
     SequentialSettings,
+    dps_order,
     dps_prompts,
-    dps_select,
     ds_step,
     effective_probability,
     fit_beta_prior,
@@ -585,10 +585,10 @@ def test_dps_state_dict_round_trip_and_validation():
         DynamicsPredictor(3, decay=1.5)
 
 
-def test_dps_select_top_b_with_ties_in_pool_order():
+def test_dps_order_top_b_with_ties_in_pool_order():
     dps = DynamicsPredictor(10, decay=0.7)
     dps.update([1, 2, 3], [4, 0, 8], 8)  # P(partial): 1 -> 0.4, 2 and 3 -> 0.3, the rest 1/3
-    assert dps_select(dps, [2, 5, 1, 7, 3], 3).tolist() == [1, 5, 7]
-    assert dps_select(dps, [7, 5, 1, 2, 3], 4).tolist() == [1, 7, 5, 2]
+    assert np.array([2, 5, 1, 7, 3])[dps_order(dps, [2, 5, 1, 7, 3], 3)].tolist() == [1, 5, 7]
+    assert np.array([7, 5, 1, 2, 3])[dps_order(dps, [7, 5, 1, 2, 3], 4)].tolist() == [1, 7, 5, 2]
     with pytest.raises(ValueError, match="select 6 of 5"):
-        dps_select(dps, [2, 5, 1, 7, 3], 6)
+        dps_order(dps, [2, 5, 1, 7, 3], 6)
