@@ -174,16 +174,15 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
         source = "reproduced" if base_pk is not None else "not run"
         rows.append([shown, tagged("Base", status_tags(base)), source, seeds(base_pk), "", "", *pct(base_pk, ks)])
         rows += guess_rows(base, shown, dataset, ks)
-        index = {}
+        index, regime = {}, {}
         for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation")):
             budget = budget_cell(g)
             pq = curves[label] = per_question(g, dataset, ks)
             rows.append([shown, label, "reproduced", seeds(pq), g[0].get("train.steps"), budget, *pct(pq, ks)])
             index[(g[0].get("method.name"), g[0].get("method.aggregation"))] = len(rows) - 1
+            if g[0].get("method.name") in tested_and_baselines():
+                regime[label] = with_results(g, evaluated_on(dataset))
         passk_figure(curves, out_root / f"math-{scale}" / f"{name}_{dataset}_passk", f"{model}: {shown}")
-        regime = {label: with_results(g, evaluated_on(dataset)) for label, g in
-                  label_groups(groups, row_label, key=lambda g: g[0].get("method.aggregation"))
-                  if g[0].get("method.name") in tested_and_baselines()}  # fmt: skip
         regime_figure(regime, dataset, ks[-1], out_root / f"math-{scale}" / f"{name}_{dataset}_regime", shown)
         for (tested, norm), i in index.items():  # bold the better of each reproduced (method, baseline) pair
             j = index.get((METHODS[tested].baseline, norm)) if tested in tested_methods() else None
