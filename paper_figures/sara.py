@@ -32,7 +32,7 @@ import numpy as np
 from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import Run, group_runs, load_runs, mean_over, method_label, method_order, status_tags, tagged
 from sera.methods import METHODS
-from sera.runlog import ADDED_DEFAULTS
+from sera.runlog import ADDED_DEFAULTS, TRAIN_POOL_SET
 from sera.sequential import SequentialSettings
 
 OUT = Path(__file__).parent / "out"
@@ -48,7 +48,7 @@ ABSTRACT = (
 )
 CAPS = {"ds": ("max_rounds", "rounds"), "sara": ("max_waves", "waves")}  # a sampler family's cap setting and unit
 LM_PASS1 = re.compile(r"eval/([^/]+)/pass@1")
-TRAIN_POOL = "eval/train_pool/pass@"  # the LM studies' training set, evaluated at the end (train.log_coverage)
+TRAIN_POOL = f"eval/{TRAIN_POOL_SET}/pass@"  # the LM studies' training set, evaluated at the end (train.log_coverage)
 
 
 def cumulative(run: Run, key: str) -> float | None:
@@ -102,8 +102,7 @@ def changes(run: Run) -> dict:
     name = run.get("method.name")
     if name not in METHODS:
         return {}
-    settings, default = sequential_settings(run), SequentialSettings()
-    return {k: getattr(settings, k) for k in METHODS[name].sampler.reads if getattr(settings, k) != getattr(default, k)}
+    return sequential_settings(run).changes(METHODS[name].sampler.reads)
 
 
 def row_label(group: list[Run]) -> str:

@@ -274,7 +274,7 @@ def _sara(s: MethodSettings, batch: int, draw: DrawFn, stream, state, complete: 
         prior=state.prior,
     )  # fmt: skip
     metrics = {**accounting(result), "alloc/prior_a0": a0, "alloc/prior_b0": b0}
-    if predictor is not None:  # every group observed this step, committed or abandoned
+    if predictor is not None:  # every group drawn this step: committed, abandoned, or undecided at the wave cap
         n = result.drawn_successes + result.drawn_failures
         metrics |= dps_observe(predictor, stream.ids[result.drawn_ids], result.drawn_successes, n)
     return draws, result, metrics

@@ -47,7 +47,7 @@ from sera.losses import pg_loss
 from sera.methods import MethodSettings
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, end_token_ids, response_logprobs
-from sera.runlog import RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
+from sera.runlog import TRAIN_POOL_SET, RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
 
 
 class Task(Protocol):
@@ -413,12 +413,11 @@ def evaluate_into(run_dir: RunDir | None, step: int, ls: LoopSettings, task: Tas
     return metrics
 
 
-TRAIN_POOL = "train_pool"  # evaluation set name of a task's finite training set (Task.train_pool_set, optional)
 TRAIN_POOL_SEED = 104729  # offset of its evaluation generator's seed from the training generator's
 
 
 class TrainPool:
-    """A task seen through its training set: one evaluation set, TRAIN_POOL = task.train_pool_set() (ids, token
+    """A task seen through its training set: one evaluation set, TRAIN_POOL_SET = task.train_pool_set() (ids, token
     lists), scored by the task. With train.log_coverage the last step also evaluates it: Pass@1 on the prompts
     trained on against the held-out sets is what overfitting a small pool (DPS picking the same prompts) shows."""
 
@@ -426,7 +425,7 @@ class TrainPool:
         self.task, self.eos_id, self.pad_id = task, task.eos_id, task.pad_id
 
     def eval_sets(self) -> dict:
-        return {TRAIN_POOL: self.task.train_pool_set()}
+        return {TRAIN_POOL_SET: self.task.train_pool_set()}
 
     def rewards(self, ids, responses, truncated) -> np.ndarray:
         return self.task.rewards(ids, responses, truncated)

@@ -9,7 +9,7 @@ takes; nothing below the entry points reads the Hydra config or branches on meth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from sera.collect import SAMPLERS, Sampler
 from sera.sequential import SequentialSettings
@@ -200,11 +200,5 @@ class MethodSettings:
         return tag + "".join(f"-{key}={value}" for key, value in self.sequential_changes().items())
 
     def sequential_changes(self) -> dict:
-        """{setting: value} of the method.sequential settings the allocator reads that differ from the defaults, in
-        SequentialSettings' field order."""
-        default = SequentialSettings()
-        return {
-            f.name: getattr(self.sequential, f.name)
-            for f in fields(SequentialSettings)
-            if f.name in self.sampler.reads and getattr(self.sequential, f.name) != getattr(default, f.name)
-        }
+        """{setting: value} of the method.sequential settings the allocator reads that differ from the defaults."""
+        return self.sequential.changes(self.sampler.reads)

@@ -26,6 +26,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 DONE_FILE = "DONE"  # written last; holds the final summary
 LOCK_FILE = "LOCK"  # held (flock) by the process running the run; holds its pid
 VAL_P_FILE = "val_p.npy"  # classifier: exact p of every validation image at the end, in validation-set order
+TRAIN_POOL_SET = "train_pool"  # LM studies: evaluation set name of a task's finite training set (train.log_coverage)
 EVAL_RECORD = re.compile(r"eval_step(\d+)_(.+)\.json")  # LM studies: one per-question record per evaluation set
 ALLOC_SNAPSHOT = re.compile(r"alloc_step(\d+)\.npz")  # classifier: one batch's p_exact, p_hat, counts
 

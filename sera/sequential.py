@@ -150,6 +150,16 @@ class SequentialSettings:
             raise ValueError(f"need dps_decay in [0, 1] and gen_batch >= 1 or None, got {self.dps_decay}, "
                              f"{self.gen_batch}")  # fmt: skip
 
+    def changes(self, reads) -> dict:
+        """{setting: value} of the settings in `reads` (those an allocator reads) that differ from the defaults, in
+        field order: what names a run (MethodSettings.variant) and a table row (paper_figures.sara)."""
+        default = SequentialSettings()
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name in reads and getattr(self, f.name) != getattr(default, f.name)
+        }
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # SARA's prior: flat, fitted to the population, or that plus the prompt's own history

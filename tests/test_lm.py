@@ -234,6 +234,32 @@ def test_sequential_methods_train_and_account(tmp_path, method):
         assert state["sequential"]["prior"]["window"].size > 0  # so is SARA's population prior (its probes)
 
 
+class PoolTask(ToyTask):
+    """ToyTask with its training set as an evaluation set (what the maze and math tasks give for train.log_coverage)."""
+
+    def train_pool_set(self):
+        ids = np.arange(self.num_prompts)
+        return ids, [[1, 2 + int(i) % 7, 3 + int(i) // 7] for i in ids]
+
+
+def test_log_coverage_counts_prompts_trained_and_evaluates_the_training_set_at_the_end(tmp_path):
+    """train.log_coverage: every evaluation logs the distinct prompts trained so far (never more than the pool, never
+    fewer than a step's batch), and the last one also evaluates the training set, with its own per-question record."""
+    cfg = loop_cfg("maxrl", "none", 0, steps=4)
+    cfg.train.log_coverage = True
+    ms, ls = settings(cfg)
+    model = tiny_model()
+    with RunDir(tmp_path / "run", {"method": "maxrl"}) as run_dir:
+        train(ms, ls, PoolTask(), model, HFEngine(model, EOS, PAD), run_dir)
+        records = read_jsonl(run_dir.metrics_file)
+    evaluated = [r for r in records if "eval/pair/pass@1" in r]
+    assert [r["step"] for r in evaluated] == [1, 3]
+    assert 4 <= evaluated[0]["train/distinct_prompts"] <= evaluated[1]["train/distinct_prompts"] <= 16
+    assert "eval/train_pool/pass@1" not in evaluated[0] and 0 <= evaluated[1]["eval/train_pool/pass@1"] <= 1
+    record = json.loads((tmp_path / "run" / "eval_step4_train_pool.json").read_text())
+    assert len(record["correct"]) == 16
+
+
 def test_step_prompts_never_repeat_a_prompt_within_a_step():
     """A task whose stream runs into its next epoch mid-step (here: ids 0..5 then 0..5 again) repeats prompts; the
     step's stream skips them, keeps asking past them, and stops when the task has nothing more."""
