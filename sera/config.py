@@ -33,10 +33,28 @@ def check_run_settings(cfg) -> None:
 
 
 def check_optim(optim) -> None:
-    """A finite, positive learning rate and non-negative weight decay."""
-    lr = optim.lr
-    if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"optim.lr must be a finite positive number, got {lr!r}")
+    """A finite, positive learning rate (also each method's own, optim.lr_by_method) and non-negative weight decay."""
+    from sera.methods import METHODS
+
+    for name, lr in [("optim.lr", optim.lr), *[(f"optim.lr_by_method.{k}", v) for k, v in lr_by_method(optim).items()]]:
+        if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"{name} must be a finite positive number, got {lr!r}")
+    if unknown := sorted(set(lr_by_method(optim)) - set(METHODS)):
+        raise ValueError(f"optim.lr_by_method names unknown methods {unknown}; known: {sorted(METHODS)}")
+
+
+def lr_by_method(optim) -> dict:
+    """{method name: learning rate} for the methods a study gives a rate of their own (optim.lr_by_method; {} when
+    unset). The maze CPU default needs it: GRPO collapses at the rate MaxRL and SERA train well with."""
+    by_method = optim.get("lr_by_method") or {}
+    if not hasattr(by_method, "items"):
+        raise ValueError(f"optim.lr_by_method must be a mapping of method name to learning rate, got {by_method!r}")
+    return dict(by_method.items())
+
+
+def method_lr(optim, method: str) -> float:
+    """The learning rate a run of `method` trains with: its own in optim.lr_by_method, else optim.lr."""
+    return float(lr_by_method(optim).get(method, optim.lr))
     if not math.isfinite(optim.weight_decay) or optim.weight_decay < 0:
         raise ValueError(f"optim.weight_decay must be finite and >= 0, got {optim.weight_decay!r}")
 

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics, generation_metrics, sequential_state
+from sera.config import method_lr
 from sera.distributed import (
     all_gather,
     full_state,
@@ -116,8 +117,9 @@ class LoopSettings:
         s = cls(
             seed=int(cfg.seed), steps=int(t.steps), batch_size=int(t.batch_size),
             max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature), top_p=float(cfg.top_p),
-            lr=float(o.lr), weight_decay=float(o.weight_decay), betas=tuple(float(b) for b in o.betas),
-            eps=float(o.eps), warmup_steps=int(o.warmup_steps), grad_clip=float(o.grad_clip),
+            lr=method_lr(o, cfg.method.name), weight_decay=float(o.weight_decay),
+            betas=tuple(float(b) for b in o.betas), eps=float(o.eps), warmup_steps=int(o.warmup_steps),
+            grad_clip=float(o.grad_clip),
             micro_batch_rollouts=None if t.micro_batch_rollouts is None else int(t.micro_batch_rollouts),
             parallel=str(t.get("parallel", "ddp")),
             eval_every=int(e.every), eval_samples=int(e.samples), eval_ks=tuple(int(k) for k in e.ks),
@@ -485,6 +487,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         for group in optimizer.param_groups:
             group["lr"] = ls.lr * min(1.0, (step + 1) / max(1, ls.warmup_steps))
         metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step, seq_state)
+        metrics["train/lr"] = optimizer.param_groups[0]["lr"]  # the method's own rate (optim.lr_by_method), warmed up
         skips.record(bool(metrics.get("train/skipped_nonfinite")), step)
         is_last = step == ls.steps - 1
         if (step + 1) % ls.eval_every == 0 or is_last:

@@ -111,9 +111,9 @@ def _without(config: dict, path: tuple[str, ...], value) -> dict:
 
 def comparable_config(config: dict) -> dict:
     """The config less what its run does not read (of method.sequential, only the settings its allocator reads, none
-    for the batch allocators; the vllm block unless engine=vllm) and less ADDED_DEFAULTS at their default, so a run
-    made before such a setting existed is still the same run. Used to refuse a different config in a run directory
-    and to group seeds in the tables."""
+    for the batch allocators; the vllm block unless engine=vllm; of optim.lr_by_method, only the run's own rate, as
+    optim.lr) and less ADDED_DEFAULTS at their default, so a run made before such a setting existed is still the same
+    run. Used to refuse a different config in a run directory and to group seeds in the tables."""
     from sera.methods import METHODS
 
     if "vllm" in config and config.get("engine") != "vllm":
@@ -128,6 +128,11 @@ def comparable_config(config: dict) -> dict:
         sequential = {k: v for k, v in method["sequential"].items() if k in reads}
         method = {k: v for k, v in method.items() if k != "sequential"} | ({"sequential": sequential} if reads else {})
         config = {**config, "method": method}
+    optim = config.get("optim")
+    if isinstance(optim, dict) and "lr_by_method" in optim:  # of the per-method rates, only the one the run trains with
+        name = method.get("name") if isinstance(method, dict) else None
+        lr = (optim["lr_by_method"] or {}).get(name, optim.get("lr"))
+        config = {**config, "optim": {k: v for k, v in optim.items() if k != "lr_by_method"} | {"lr": lr}}
     for path, default in ADDED_DEFAULTS.items():
         config = _without(config, path, default)
     return config

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sera.collect import collect
+from sera.config import check_optim
 from sera.lm_loop import LoopSettings, StepPrompts, evaluate, score, train
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, concat_rollouts, response_logprobs
@@ -198,6 +199,22 @@ def test_lm_loop_trains_and_logs(tmp_path, method, estimator, m, aggregation):
     for name, size in [("pair", 2), ("single", 1)]:  # every named evaluation set has its own per-question record
         record = json.loads((tmp_path / "run" / f"eval_step4_{name}.json").read_text())
         assert record["n"] == 8 and len(record["correct"]) == size
+
+
+def test_a_method_trains_with_its_own_learning_rate_where_the_config_gives_one(tmp_path):
+    """optim.lr_by_method gives a method its own rate (the maze CPU default: GRPO 1e-4, the rest 3e-4); the others
+    keep optim.lr; the rate used is logged each step. Unknown method names and bad rates are refused."""
+    for method, expected in [("grpo", 1e-3), ("maxrl", 1e-2)]:
+        cfg = loop_cfg(method, "none", 0, steps=2)
+        cfg.optim.lr_by_method = {"grpo": 1e-3}
+        assert settings(cfg)[1].lr == expected
+        _, records = run_toy(cfg, tmp_path / method)
+        assert [r["train/lr"] for r in records] == [expected, expected]  # warmup_steps=1: the full rate from step 0
+    for bad, message in [({"grpoo": 1e-3}, "unknown methods"), ({"grpo": -1.0}, "lr_by_method.grpo"), ([1], "mapping")]:
+        cfg = loop_cfg("grpo", "none", 0)
+        cfg.optim.lr_by_method = bad
+        with pytest.raises(ValueError, match=message):
+            check_optim(cfg.optim)
 
 
 def draw_for(task, engine, prompts, ids, gen, max_new_tokens=4):

@@ -146,3 +146,21 @@ def test_sequential_runs_made_before_the_sara_prior_are_recognised(tmp_path):
     with pytest.raises(RunExistsError, match="different config"):
         fair = {"method": {"name": "dps", "sequential": today | {"dps_decay": 0.7}}}
         finished_summary(tmp_path / "dps", fair | added)
+
+
+def test_a_run_is_its_own_learning_rate_not_the_other_methods_rates(tmp_path):
+    """Of optim.lr_by_method a run reads only its own rate: a run made before the setting existed (or with the rate
+    given as optim.lr) is the same run; another method's entry changes nothing; a different own rate is refused."""
+    from sera.runlog import finished_summary
+
+    RunDir(tmp_path / "grpo", {"method": {"name": "grpo"}, "optim": {"lr": 1e-4}}).finish()
+    RunDir(tmp_path / "maxrl", {"method": {"name": "maxrl"}, "optim": {"lr": 3e-4}}).finish()
+    by_method = {"optim": {"lr": 3e-4, "lr_by_method": {"grpo": 1e-4}}}
+    assert finished_summary(tmp_path / "grpo", {"method": {"name": "grpo"}} | by_method) == {}
+    assert finished_summary(tmp_path / "maxrl", {"method": {"name": "maxrl"}} | by_method) == {}
+    assert (
+        finished_summary(tmp_path / "maxrl", {"method": {"name": "maxrl"}, "optim": {"lr": 3e-4, "lr_by_method": {}}})
+        == {}
+    )
+    with pytest.raises(RunExistsError, match="different config"):
+        finished_summary(tmp_path / "grpo", {"method": {"name": "grpo"}, "optim": {"lr": 3e-4, "lr_by_method": {}}})
