@@ -94,13 +94,19 @@ ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 =
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=history method.pilot_m=0 seed=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
+# Finished runs are kept in git (results/runs/: records, no weights) so that seeds run in different sessions build one
+# table: each grid restores them into runs/ first (its finished runs are skipped) and saves its new ones at the end.
+ARCHIVE := $(PY) -m paper_figures.archive
+
 # threads=1: results depend on the torch thread count (float summation order), as in the imagenet sweeps
 MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=skip threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|paper
+reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|paper; MAZE_SEEDS=0,1,2
+	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS)
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
+	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
 MATH := $(PY) -m experiments.math.train --multirun run.if_finished=skip threads=1
@@ -116,6 +122,7 @@ MATH_DARS_CAP = $(if $(filter cpu,$(SCALE)),alloc.n_max=32)
 
 reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL token-mean/seqnorm, SERA; SCALE=cpu (tiny-math on chain sums, ~41 min) | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
+	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(MATH_SEEDS)
 else
@@ -124,6 +131,7 @@ else
 	$(MATH) scale=$(MATH_SCALE) method=maxrl method.aggregation=token-mean,seqnorm seed=$(MATH_SEEDS)
 	$(MATH) scale=$(MATH_SCALE) method=sera seed=$(MATH_SEEDS)
 endif
+	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
 
 # The sequential grid (DESIGN section 4). maxrl and sara+maxrl separate SARA+SERA's advantage from its allocation.
@@ -149,6 +157,7 @@ reproduce-sara: install ## sequential allocation: GRPO, MaxRL, DS, DPS, SARA, SA
 # results/SCALE/ holds the measured tables README.md quotes: a committed table is written over only with FORCE (1: every
 # table; or names and folders: FORCE=imagenet-cpu/table2,maze-cpu), which prints each changed cell (paper_figures/guard.py)
 tables: install ## rebuild every table into paper_figures/out/ (REPORT.md) and add new measured ones to results/SCALE/; committed tables are kept (it says why) unless FORCE=1 or FORCE=<table>,... (prints the changed cells)
+	$(ARCHIVE) restore
 	$(PY) -m paper_figures.report --scale $(SCALE) --runs runs --out paper_figures/out --results results/$(SCALE) $(if $(FORCE),--force $(FORCE))
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)

@@ -22,7 +22,7 @@ from sera.config import check_group_choices, check_optim, check_parallel, check_
 from sera.lm_loop import LoopSettings
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, VLLMEngine
-from sera.runlog import RunDir, finished_summary
+from sera.runlog import ARCHIVED_FILE, RunDir, finished_summary
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENGINES = ("hf", "vllm")
@@ -68,11 +68,17 @@ def make_engine(cfg, model, source, eos_id, pad_id):
     return HFEngine(model, eos_id, pad_id, cfg.temperature)
 
 
-def base_run(path: Path, config: dict, body: Callable[[RunDir], tuple[int, dict, dict]]) -> None:
+def base_run(path: Path, config: dict, body: Callable[[RunDir], tuple[int, dict, dict]], weights: bool = True) -> None:
     """The base (pre-RL) model's run, done once and shared by every RL run of the same settings: nothing when `path`
     holds a finished run of `config` (a different config is refused); else body(run_dir) -> (step, metrics,
-    summary extras) is logged and the run finished."""
+    summary extras) is logged and the run finished. `weights`: the run saves the model RL starts from (SFT), which a
+    run restored from the archive (records only) lacks: it is refused with what to do."""
     if finished_summary(path, config) is not None:
+        if weights and (path / ARCHIVED_FILE).exists():
+            raise FileNotFoundError(
+                f"{path} is a base run restored from results/runs with its records only, not its model weights, which "
+                f"an RL run that is not archived needs: remove {path} to train the base model again"
+            )
         return
     with RunDir(path, config) as run_dir:
         step, metrics, extra = body(run_dir)

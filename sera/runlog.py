@@ -24,6 +24,7 @@ CONFIG_FILE = "config.yaml"  # the resolved config
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": ..., "train/...": ...}
 CHECKPOINT_FILE = "checkpoint.pt"
 DONE_FILE = "DONE"  # written last; holds the final summary
+ARCHIVED_FILE = "ARCHIVED"  # a finished run restored from results/runs (paper_figures.archive): records only
 LOCK_FILE = "LOCK"  # held (flock) by the process running the run; holds its pid
 VAL_P_FILE = "val_p.npy"  # classifier: exact p of every validation image at the end, in validation-set order
 TRAIN_POOL_SET = "train_pool"  # LM studies: evaluation set name of a task's finite training set (train.log_coverage)

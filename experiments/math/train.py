@@ -191,7 +191,7 @@ def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: s
             metrics.update(guess_metrics(train + sft, evals, loop.eval_ks))
         return step, metrics, {}
 
-    base_run(path, base_config(cfg), evaluate_base)
+    base_run(path, base_config(cfg), evaluate_base, weights=from_scratch(cfg))
 
 
 def run(cfg: DictConfig) -> dict:

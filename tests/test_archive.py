@@ -1,0 +1,94 @@
+"""The run archive (paper_figures.archive): finished runs kept in git as records, restored into runs/ so that a grid
+spread over sessions skips them and builds one table from every seed."""
+
+import gzip
+import json
+
+import pytest
+import yaml
+
+from paper_figures import archive
+from paper_figures.runs import load_runs
+from sera.lm_study import base_run
+from sera.runlog import ARCHIVED_FILE, RunDir, finished_summary
+
+
+def make_run(path, config, steps=3, done=True):
+    """A run directory as the loops leave it: config, metrics, an evaluation record, a checkpoint and weights."""
+    with RunDir(path, config) as run_dir:
+        for step in range(steps):
+            run_dir.log(step, {"train/reward": step / 10, **({"eval/heldout/pass@1": 0.25} if step == 2 else {})})
+        run_dir.write_json("eval_step3_heldout.json", {"n": 4, "correct": [1, 0, 2]})
+        (path / "checkpoint.pt").write_bytes(b"x" * 100)
+        (path / "model.safetensors").write_bytes(b"w" * 100)
+        if done:
+            run_dir.finish({"step": steps, "eval/heldout/pass@1": 0.25})
+
+
+CONFIG = {"experiment": "maze", "seed": 0, "method": {"name": "maxrl"}, "optim": {"lr": 3e-4}}
+
+
+def test_save_keeps_records_only_and_never_writes_over_an_archived_run(tmp_path):
+    runs, store = tmp_path / "runs", tmp_path / "archive"
+    make_run(runs / "maxrl_seed-0", CONFIG)
+    make_run(runs / "tiny-math" / "sera_seed-0", CONFIG | {"method": {"name": "sera"}})  # nested, like math's runs
+    make_run(runs / "sera_seed-1", CONFIG | {"seed": 1}, done=False)  # unfinished: not archived
+    saved = archive.save(runs, store)
+    assert [str(p) for p in saved] == ["maxrl_seed-0", "tiny-math/sera_seed-0"]
+    files = sorted(p.name for p in (store / "maxrl_seed-0").iterdir())
+    assert files == ["DONE", "config.yaml", "eval_step3_heldout.json", "metrics.jsonl.gz"]
+    original = (runs / "maxrl_seed-0" / "metrics.jsonl").read_bytes()
+    assert gzip.decompress((store / "maxrl_seed-0" / "metrics.jsonl.gz").read_bytes()) == original
+    assert archive.save(runs, store) == []  # already archived, same config: left alone
+    (runs / "maxrl_seed-0" / "config.yaml").write_text(yaml.safe_dump(CONFIG | {"optim": {"lr": 1e-4}}))
+    before = (store / "maxrl_seed-0" / "config.yaml").read_text()
+    with pytest.raises(ValueError, match="not the run archived"):
+        archive.save(runs, store)
+    assert (store / "maxrl_seed-0" / "config.yaml").read_text() == before
+
+
+def test_restored_runs_are_skipped_and_read_like_the_originals(tmp_path):
+    runs, store, fresh = tmp_path / "runs", tmp_path / "archive", tmp_path / "fresh"
+    make_run(runs / "maxrl_seed-0", CONFIG)
+    archive.save(runs, store)
+    (fresh / "other").mkdir(parents=True)
+    assert [str(p) for p in archive.restore(store, fresh)] == ["maxrl_seed-0"]
+    restored = fresh / "maxrl_seed-0"
+    assert (restored / ARCHIVED_FILE).exists() and not (restored / "checkpoint.pt").exists()
+    assert finished_summary(restored, CONFIG) == {"step": 3, "eval/heldout/pass@1": 0.25}  # run.if_finished=skip
+    (a,), (b,) = load_runs(runs), load_runs(fresh)
+    assert a.records == b.records and a.config == b.config and a.finished and b.finished
+    assert json.loads((restored / "eval_step3_heldout.json").read_text()) == {"n": 4, "correct": [1, 0, 2]}
+    (restored / "DONE").write_text("{}")  # an existing run directory is never replaced
+    assert archive.restore(store, fresh) == [] and (restored / "DONE").read_text() == "{}"
+
+
+def test_a_restored_base_run_without_weights_is_refused_where_weights_are_needed(tmp_path):
+    runs, store, fresh = tmp_path / "runs", tmp_path / "archive", tmp_path / "fresh"
+    config = {"experiment": "maze-base", "seed": 0}
+    make_run(runs / "base_seed-0", config)
+    archive.save(runs, store)
+    archive.restore(store, fresh)
+
+    def body(run_dir):
+        raise AssertionError("a finished base run is not trained again")
+
+    base_run(runs / "base_seed-0", config, body)  # the original has its weights
+    base_run(fresh / "base_seed-0", config, body, weights=False)  # a pretrained model's evaluation needs none
+    with pytest.raises(FileNotFoundError, match="remove .*base_seed-0 to train the base model again"):
+        base_run(fresh / "base_seed-0", config, body)
+
+
+def test_command_line_restores_every_archived_folder_and_skips_smoke(tmp_path, capsys):
+    runs, store = tmp_path / "runs", tmp_path / "archive"
+    make_run(runs / "maze-cpu" / "maxrl_seed-0", CONFIG)
+    make_run(runs / "maze-smoke" / "maxrl_seed-0", CONFIG)
+    args = ["--runs", str(runs), "--archive", str(store)]
+    assert archive.main(["save", *args, "--folder", "maze-cpu"]) == 0
+    assert archive.main(["save", *args, "--folder", "maze-smoke"]) == 0 and not (store / "maze-smoke").exists()
+    fresh = tmp_path / "fresh"
+    assert archive.main(["restore", "--runs", str(fresh), "--archive", str(store)]) == 0
+    assert (fresh / "maze-cpu" / "maxrl_seed-0" / "DONE").exists()
+    assert "1 run(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        archive.main(["save", *args])
