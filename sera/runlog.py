@@ -96,6 +96,7 @@ ADDED_DEFAULTS = {
     ("method", "sequential", "history_decay"): 0.7,
     ("eval", "at_start"): False,
     ("train", "log_coverage"): False,
+    ("sft", "problems"): None,
 }
 
 

@@ -68,6 +68,7 @@ def test_every_math_config_composes_and_validates():
         (["data.num_heldout=0"], ValueError, "num_heldout"),
         (["model.dtype=int8"], ValueError, "model.dtype"),
         (["sft.steps=0"], ValueError, "sft.steps"),
+        (["sft.problems=16"], ValueError, "sft.problems"),
         (["engine=tpu"], ValueError, "engine must be"),
         (["scale=math/smollm2_check", "engine=vllm"], ValueError, "GGUF"),
         (["method=direct_ce"], ValueError, "no rollouts"),
@@ -91,6 +92,17 @@ def test_an_evaluation_set_name_must_be_a_file_name():
 def test_history_estimator_is_allowed_the_training_set_recurs():
     settings, _ = validate(config("method=sera", "method.estimator=history", "method.pilot_m=0"))
     assert settings.estimator == "history"
+
+
+def test_sft_problems_recur_in_epochs_and_stay_disjoint_from_the_rl_and_held_out_sets():
+    """sft.problems: fewer distinct SFT problems than sft.steps x sft.batch_size (seen in epochs), so a from-scratch
+    base can train longer than the family has distinct problems; null keeps one problem a step's example."""
+    train, evals, sft = load_problems(config("scale=math/smoke", "sft.steps=30", "sft.problems=40"))  # 120 examples
+    assert len(sft) == 40 and len({p["question"] for p in sft}) == 40
+    heldout = [p for problems in evals.values() for p in problems]
+    assert not {p["question"] for p in sft} & {p["question"] for p in train + heldout}
+    cfg = config("scale=math/smoke")
+    assert len(load_problems(cfg)[2]) == cfg.sft.steps * cfg.sft.batch_size
 
 
 def test_missing_data_file_names_the_path_and_the_hub_dataset(tmp_path):

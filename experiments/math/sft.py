@@ -30,7 +30,8 @@ def sft_examples(problems: list[dict], template: str, tokenizer) -> dict:
 
 
 def train_base(cfg, problems: list[dict], out_dir: Path, device: str) -> float:
-    """Train the from-scratch model cfg.model.name on `problems` (at least sft.steps x sft.batch_size) into out_dir."""
+    """Train the from-scratch model cfg.model.name for sft.steps steps on `problems` (the first sft.steps x
+    sft.batch_size; fewer are seen in epochs) into out_dir."""
     tokenizer = build_tokenizer()
     model = build_from_scratch(cfg.model.name)
     examples = sft_examples(problems[: cfg.sft.steps * cfg.sft.batch_size], cfg.template, tokenizer)

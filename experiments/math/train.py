@@ -78,6 +78,8 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
             raise ValueError(f"{model.name} is trained from scratch on worked solutions: set data.family (generated)")
         if cfg.sft.steps < 1 or cfg.sft.batch_size < 1 or not cfg.sft.lr > 0:
             raise ValueError(f"sft.steps and sft.batch_size must be >= 1 and sft.lr > 0, got {dict(cfg.sft)}")
+        if cfg.sft.get("problems") is not None and not cfg.sft.batch_size <= cfg.sft.problems:
+            raise ValueError(f"sft.problems must be null or >= sft.batch_size, got {cfg.sft.problems}")
     if data.family is not None:
         if data.family not in FAMILIES:
             raise ValueError(f"unknown data.family {data.family!r}; choose from {sorted(FAMILIES)} or null")
@@ -105,11 +107,12 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
 
 def load_problems(cfg) -> tuple[list[dict], dict[str, list[dict]], list[dict]]:
     """(RL training problems, {evaluation set: problems}, SFT problems). A generated family gives num_train RL
-    problems, then sft.steps x sft.batch_size more for a from-scratch model's SFT (disjoint from both); a dataset is
+    problems, then sft.problems (default sft.steps x sft.batch_size) more for a from-scratch model's SFT (disjoint from
+    both; SFT runs sft.steps steps over them, in epochs when they are fewer than steps x batch); a dataset is
     read from its local file (FileNotFoundError naming the path and the hub dataset when it is missing)."""
     data = cfg.data
     if data.family is not None:
-        sft_count = cfg.sft.steps * cfg.sft.batch_size if from_scratch(cfg) else 0
+        sft_count = (cfg.sft.get("problems") or cfg.sft.steps * cfg.sft.batch_size) if from_scratch(cfg) else 0
         options = OmegaConf.to_container(data.options).get(data.family, {})
         train, heldout = make_splits(data.family, data.num_train + sft_count, data.num_heldout, cfg.seed, **options)
         train, sft, evals = train[: data.num_train], train[data.num_train :], {family_set_name(data.family): heldout}
