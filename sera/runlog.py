@@ -97,6 +97,8 @@ ADDED_DEFAULTS = {
     ("eval", "at_start"): False,
     ("train", "log_coverage"): False,
     ("sft", "problems"): None,
+    ("sft", "noise_p"): 0.0,
+    ("sft", "noise_width"): 5,
 }
 
 

@@ -105,6 +105,20 @@ def test_sft_problems_recur_in_epochs_and_stay_disjoint_from_the_rl_and_held_out
     assert len(load_problems(cfg)[2]) == cfg.sft.steps * cfg.sft.batch_size
 
 
+def test_noisy_demonstrations_move_a_share_of_answers_by_a_small_nonzero_offset():
+    from experiments.math.sft import noisy_answers
+
+    problems = [{"question": f"q{i}", "answer": str(i), "solution": f"\\boxed{{{i}}}"} for i in range(4000)]
+    noisy = noisy_answers(problems, 0.6, 5, seed=3)
+    moved = [int(n["solution"][7:-1]) - int(n["answer"]) for n in noisy]
+    wrong = [m for m in moved if m]
+    assert 0.57 < len(wrong) / len(moved) < 0.63 and set(wrong) == {*range(-5, 0), *range(1, 6)}
+    assert noisy == noisy_answers(problems, 0.6, 5, seed=3) and noisy != noisy_answers(problems, 0.6, 5, seed=4)
+    assert [n["answer"] for n in noisy] == [p["answer"] for p in problems]  # the reward still grades the true answer
+    with pytest.raises(ValueError, match="sft.noise_p"):
+        validate(config("sft.noise_p=1.0"))
+
+
 def test_missing_data_file_names_the_path_and_the_hub_dataset(tmp_path):
     cfg = config("scale=math/paper", f"data.dir={tmp_path}")
     validate(cfg)
