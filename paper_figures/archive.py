@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from sera.runlog import (
 )
 
 GZIPPED = METRICS_FILE + ".gz"
+PARTIAL = (".saving-", ".restoring")  # a copy under way: renamed to the run's name once whole
 
 
 def kept(name: str) -> bool:
@@ -44,8 +46,12 @@ def kept(name: str) -> bool:
 
 
 def finished_runs(root: Path) -> list[Path]:
-    """Run directories under `root` with DONE, as paths relative to it, in sorted order."""
-    return sorted(p.parent.relative_to(root) for p in root.rglob(DONE_FILE)) if root.is_dir() else []
+    """Run directories under `root` with DONE, as paths relative to it, in sorted order; copies under way are not
+    runs."""
+    if not root.is_dir():
+        return []
+    runs = (p.parent.relative_to(root) for p in root.rglob(DONE_FILE))
+    return sorted(rel for rel in runs if not any(mark in rel.name for mark in PARTIAL))
 
 
 def save(runs: Path, archive: Path) -> list[Path]:
@@ -66,15 +72,22 @@ def save(runs: Path, archive: Path) -> list[Path]:
         new.append(rel)
     for rel in new:
         source, target = runs / rel, archive / rel
-        target.mkdir(parents=True, exist_ok=True)
-        for f in sorted(source.iterdir()):
-            if not (f.is_file() and kept(f.name)):
-                continue
+        partial = target.with_name(f"{target.name}{PARTIAL[0]}{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        files = [f for f in sorted(source.iterdir()) if f.is_file() and kept(f.name)]
+        for f in sorted(files, key=lambda f: f.name == DONE_FILE):  # DONE last
             if f.name == METRICS_FILE:
-                with f.open("rb") as src, gzip.GzipFile(target / GZIPPED, "wb", mtime=0) as dst:
+                with f.open("rb") as src, gzip.GzipFile(partial / GZIPPED, "wb", mtime=0) as dst:
                     shutil.copyfileobj(src, dst)
             else:
-                shutil.copyfile(f, target / f.name)
+                shutil.copyfile(f, partial / f.name)
+        try:
+            partial.rename(target)  # whole or not at all: two grids saving at once never leave a half run
+        except OSError:
+            if not (target / DONE_FILE).exists():
+                raise
+            shutil.rmtree(partial)  # the other grid saved it first: the same records
     return new
 
 

@@ -3,6 +3,7 @@ spread over sessions skips them and builds one table from every seed."""
 
 import gzip
 import json
+import shutil
 
 import pytest
 import yaml
@@ -45,6 +46,26 @@ def test_save_keeps_records_only_and_never_writes_over_an_archived_run(tmp_path)
     with pytest.raises(ValueError, match="not the run archived"):
         archive.save(runs, store)
     assert (store / "maxrl_seed-0" / "config.yaml").read_text() == before
+
+
+def test_two_grids_saving_at_once_leave_one_whole_run_and_copies_under_way_are_not_runs(tmp_path, monkeypatch):
+    runs, store = tmp_path / "runs", tmp_path / "archive"
+    make_run(runs / "maxrl_seed-0", CONFIG)
+    archive.save(runs, tmp_path / "other")  # what the other grid writes
+    kept = archive.kept
+
+    def other_grid_wins(name):  # the other grid renames its copy in while this one is copying
+        if not (store / "maxrl_seed-0").exists():
+            shutil.copytree(tmp_path / "other" / "maxrl_seed-0", store / "maxrl_seed-0")
+        return kept(name)
+
+    monkeypatch.setattr(archive, "kept", other_grid_wins)
+    assert [str(p) for p in archive.save(runs, store)] == ["maxrl_seed-0"]
+    assert sorted(p.name for p in store.iterdir()) == ["maxrl_seed-0"]  # no copy left under way
+    under_way = store / f"sera_seed-0{archive.PARTIAL[0]}123"
+    shutil.copytree(store / "maxrl_seed-0", under_way)
+    assert [str(p) for p in archive.finished_runs(store)] == ["maxrl_seed-0"]
+    assert [str(p) for p in archive.restore(store, runs / "restored")] == ["maxrl_seed-0"]
 
 
 def test_restored_runs_are_skipped_and_read_like_the_originals(tmp_path):
