@@ -82,7 +82,7 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
             raise ValueError(f"sft.problems must be null or >= sft.batch_size, got {cfg.sft.problems}")
         if not 0 <= cfg.sft.get("noise_p", 0.0) < 1 or cfg.sft.get("noise_width", 1) < 1:
             raise ValueError(f"sft.noise_p must be in [0, 1) and sft.noise_width >= 1, got {dict(cfg.sft)}")
-        if cfg.sft.get("noise_p", 0.0) > 0 and data.family != "chain_sum":
+        if cfg.sft.get("noise_p", 0.0) > 0 and data.family in FAMILIES and data.family != "chain_sum":
             raise ValueError("sft.noise_p moves an answer-only solution (\\boxed{N}): it needs data.family=chain_sum")
     if data.family is not None:
         if data.family not in FAMILIES:
