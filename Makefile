@@ -120,7 +120,7 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # rates (~3-5%) the default cap n_max = 8 n0 draws ~7.4x the budget (14 s a step); 2 n0 keeps it at 2x (the paper: 1.49x).
 MATH_DARS_CAP = $(if $(filter cpu,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL token-mean/seqnorm, SERA; SCALE=cpu (tiny-math on chain sums, ~41 min) | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
+reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL token-mean/seqnorm, SERA; SCALE=cpu (tiny-math on chain sums; 6 runs of about 20 min after an 8-min base, estimated from the calibration) | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
