@@ -117,10 +117,11 @@ MATH_PAPER_qwen2.5-math-1.5b := math/paper_qwen25math
 MATH_PAPER_qwen3-4b-base := math/paper_qwen3
 MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # DARS-HW adds rollouts (stage 2: ceil(n0 / 2a - n0) per prompt, up to n_max - n0). At the CPU default's success
-# rates (~3-5%) the default cap n_max = 8 n0 draws ~7.4x the budget (14 s a step); 2 n0 keeps it at 2x (the paper: 1.49x).
+# rates (the earlier default's 3-5%, the new default's base 7.6%) the default cap n_max = 8 n0 draws several times the
+# budget (7.4x, 14 s a step, on the earlier default); 2 n0 keeps it at 2x (the paper: 1.49x).
 MATH_DARS_CAP = $(if $(filter cpu,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL token-mean/seqnorm, SERA; SCALE=cpu (tiny-math on chain sums; 6 runs of about 20 min after an 8-min base, estimated from the calibration) | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
+reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu (tiny-math on chain sums; 7 runs of about 20 min after an 8-min base, estimated from the calibration); MATH_SEEDS=0,1,2 | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
@@ -128,8 +129,7 @@ ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper
 else
 	$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo seed=$(MATH_SEEDS)
 	$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(MATH_SEEDS)
-	$(MATH) scale=$(MATH_SCALE) method=maxrl method.aggregation=token-mean,seqnorm seed=$(MATH_SEEDS)
-	$(MATH) scale=$(MATH_SCALE) method=sera seed=$(MATH_SEEDS)
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MATH_SEEDS)
 endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
