@@ -183,7 +183,8 @@ def passk_table(name: str, runs_root: Path, scale: str, out_root: Path = OUT) ->
             if g[0].get("method.name") in tested_and_baselines():
                 regime[label] = with_results(g, evaluated_on(dataset))
         passk_figure(curves, out_root / f"math-{scale}" / f"{name}_{dataset}_passk", f"{model}: {shown}")
-        regime_figure(regime, dataset, ks[-1], out_root / f"math-{scale}" / f"{name}_{dataset}_regime", shown)
+        regime_figure(regime, dataset, ks[-1], out_root / f"math-{scale}" / f"{name}_{dataset}_regime", shown,
+                      base=with_results(base, evaluated_on(dataset)))  # fmt: skip
         for (tested, norm), i in index.items():  # bold the better of each reproduced (method, baseline) pair
             j = index.get((METHODS[tested].baseline, norm)) if tested in tested_methods() else None
             if j is not None:

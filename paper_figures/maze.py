@@ -132,7 +132,7 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     passk_figure(curves, out / "passk_curves", "Maze navigation: held-out Pass@K")
     regime = {f"{label} ({g[0].get('method.aggregation')})": with_results(g, evaluated) for label, g in rl_rows
               if g[0].get("method.name") in tested_and_baselines()}  # fmt: skip
-    regime_figure(regime, EVAL_SET, ks[-1], out / "regime", "Maze")
+    regime_figure(regime, EVAL_SET, ks[-1], out / "regime", "Maze", base=base)
     text = f"# Table 4 (maze navigation), scale={scale}\n\n{md}\n{verdict}"
     print(text)
     return text

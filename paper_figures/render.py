@@ -103,34 +103,58 @@ def passk_figure(curves: dict, stem: Path, title: str) -> None:
     save_figure(fig, stem)
 
 
-def regime_figure(groups: dict, eval_set: str, k: int, stem: Path, title: str) -> None:
+def regime_figure(groups: dict, eval_set: str, k: int, stem: Path, title: str, base: list | None = None) -> dict:
     """The regime a method acts on, one line per label (a group of seeds, Run objects): held-out Pass@1 and Pass@k
     over training (the seeds' mean, a band from their minimum to their maximum at the steps every seed evaluated),
     and the histogram of per-question success rates (correct / samples) of each group's final policies, pooled over
-    seeds. SERA re-weights by these rates: at rates near 0 for most questions it changes little."""
+    seeds, as the fraction of questions in each bin (groups with different seed counts compare). `base`: the base
+    model's runs, drawn at step 0 and as a dashed histogram (the rates the first RL steps act on). SERA re-weights by
+    these rates: at rates near 0 for most questions it changes little. Returns what it drew: label -> {"steps",
+    "pass@1", "pass@<k>" (seed means, %), "seeds", "hist" (fractions over 20 bins of [0, 1])}."""
     import numpy as np
 
+    bins = np.linspace(0, 1, 21)
     fig, axes = pyplot().subplots(1, 3, figsize=(15, 4))
+    drawn = {}
+
+    def histogram(label, runs, **style):
+        rates = [np.asarray(r.eval_records[eval_set]["correct"], dtype=float) / r.eval_records[eval_set]["n"]
+                 for r in runs if eval_set in r.eval_records]  # fmt: skip
+        rates = np.concatenate(rates) if rates else np.zeros(0)
+        rates = rates[np.isfinite(rates)]  # a question logged as null (NaN) has no rate
+        if rates.size:
+            weights = np.full(rates.size, 1 / rates.size)
+            drawn[label]["hist"] = np.histogram(rates, bins=bins, weights=weights)[0].tolist()
+            axes[2].hist(rates, bins=bins, weights=weights, histtype="step", label=label, **style)
+
+    base_runs = [r for r in base or [] if eval_set in r.eval_records]
+    if base_runs:
+        drawn["Base model"] = {"steps": [0], "seeds": len(base_runs)}
+        for ax, key in zip(axes[:2], (1, k), strict=True):
+            values = [v for r in base_runs if (v := r.last(f"eval/{eval_set}/pass@{key}")) is not None]
+            if values:
+                drawn["Base model"][f"pass@{key}"] = [100 * float(np.mean(values))]
+                ax.plot([0], [100 * np.mean(values)], "kx", ms=8, label=f"Base model ({len(values)} seeds)")
+        histogram("Base model", base_runs, color="black", linestyle="--")
     for label, runs in groups.items():
+        drawn[label] = {"seeds": len(runs)}
         for ax, key in zip(axes[:2], (1, k), strict=True):
             series = [r.series(f"eval/{eval_set}/pass@{key}") for r in runs]
             common = sorted(set.intersection(*(set(s.tolist()) for s, _ in series))) if series else []
             if not common:
                 continue
             values = np.array([[v[list(s).index(t)] for t in common] for s, v in series])  # (seeds, steps)
+            drawn[label]["steps"], drawn[label][f"pass@{key}"] = common, (100 * values.mean(axis=0)).tolist()
             line = ax.plot(common, 100 * values.mean(axis=0), marker="o", ms=3, label=f"{label} ({len(runs)} seeds)")
             ax.fill_between(common, 100 * values.min(axis=0), 100 * values.max(axis=0), alpha=0.2,
                             color=line[0].get_color())  # fmt: skip
-        rates = [np.asarray(r.eval_records[eval_set]["correct"], dtype=float) / r.eval_records[eval_set]["n"]
-                 for r in runs if eval_set in r.eval_records]  # fmt: skip
-        rates = np.concatenate(rates) if rates else np.zeros(0)
-        if np.isfinite(rates).any():  # a question logged as null (NaN) has no rate
-            axes[2].hist(rates[np.isfinite(rates)], bins=np.linspace(0, 1, 21), histtype="step", label=label)
+        histogram(label, runs)
     axes[0].set(xlabel="step", ylabel="held-out Pass@1 (%)", title=f"{title}: Pass@1")
     axes[1].set(xlabel="step", ylabel=f"held-out Pass@{k} (%)", title=f"{title}: Pass@{k}")
-    axes[2].set(xlabel="per-question success rate of the final policy", ylabel="questions (all seeds)",
+    axes[2].set(xlabel="per-question success rate (final policy; base model dashed)", ylabel="fraction of questions",
                 title="the regime: success rates")  # fmt: skip
     for ax in axes:
         if ax.lines or ax.patches:
             ax.legend(fontsize=7)
     save_figure(fig, stem)
+    return drawn

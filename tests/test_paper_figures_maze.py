@@ -230,3 +230,29 @@ def test_seed_level_interval_row_follows_the_seeds(tmp_path):
     half = 12.7062 * abs(d0) / 2
     assert f"| token-mean | mean of 2 (t 95%) | {d0 / 2:+.2f} [{d0 / 2 - half:+.2f}, {d0 / 2 + half:+.2f}] |" in text
     assert (tmp_path / "out" / "maze-cpu" / "regime.png").exists()  # Pass@1, Pass@K over training, success rates
+
+
+def test_regime_figure_draws_the_base_model_and_fractions(tmp_path):
+    """The regime figure's numbers: seed means over training with the base model at step 0, and success-rate
+    histograms as fractions of questions, so a group of 2 seeds and one of 1 compare."""
+    from paper_figures.render import regime_figure
+    from paper_figures.runs import load_runs
+
+    tail = lambda p1: [json.dumps({"step": 100, "eval/heldout/pass@1": p1, "eval/heldout/pass@64": 0.5})]  # noqa: E731
+    maze_run(tmp_path, "base", "none", [0, 0, 64, 32], experiment="maze-base",
+             tail=[json.dumps({"step": 240, "eval/heldout/pass@1": 0.02, "eval/heldout/pass@64": 0.4})])  # fmt: skip
+    maze_run(tmp_path, "m0", "maxrl", [0, 64, 64, 64], tail=tail(0.1))
+    maze_run(tmp_path, "m1", "maxrl", [0, 0, 64, 64], seed=1, tail=tail(0.3))
+    maze_run(tmp_path, "s0", "sera", [32, 32, 32, 32], tail=tail(0.2))
+    runs = {r.path.name: r for r in load_runs(tmp_path / "maze-cpu")}
+    drawn = regime_figure({"MaxRL": [runs["m0"], runs["m1"]], "SERA": [runs["s0"]]}, "heldout", 64,
+                          tmp_path / "regime", "Maze", base=[runs["base"]])  # fmt: skip
+    assert drawn["Base model"]["pass@1"] == pytest.approx([2.0]) and drawn["Base model"]["steps"] == [0]
+    assert drawn["MaxRL"]["steps"] == [100] and drawn["MaxRL"]["pass@1"] == pytest.approx([20.0])
+    assert drawn["MaxRL"]["seeds"] == 2 and drawn["MaxRL"]["pass@64"] == pytest.approx([50.0])
+    for label in drawn:  # 20 bins of [0, 1], each a fraction of that group's questions
+        assert len(drawn[label]["hist"]) == 20 and sum(drawn[label]["hist"]) == pytest.approx(1.0)
+    assert drawn["MaxRL"]["hist"][0] == pytest.approx(3 / 8) and drawn["MaxRL"]["hist"][-1] == pytest.approx(5 / 8)
+    assert drawn["SERA"]["hist"][10] == pytest.approx(1.0)  # rate 0.5 falls in [0.5, 0.55)
+    assert drawn["Base model"]["hist"][0] == pytest.approx(0.5)
+    assert (tmp_path / "regime.png").exists() and (tmp_path / "regime.pdf").exists()
