@@ -126,7 +126,11 @@ def per_question(record: dict, ks) -> np.ndarray:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="cpu", help="configs/scale/math/<scale>.yaml (cpu | smoke)")
+    parser.add_argument(
+        "--scale",
+        default="cpu_earlier",
+        help="configs/scale/math/<scale>.yaml: cpu_earlier (what README quotes) | cpu | smoke",
+    )
     parser.add_argument("--steps", type=int, default=100, help="RL steps (null: the scale's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the base model and of the suite's loop")
     parser.add_argument("--trl-seeds", default="0,1", help="seeds of the TRL runs, from the same base model")

@@ -318,3 +318,25 @@ def test_end_tokens_one_or_several():
     assert end_tokens(["<eos>", "<pad>"], tokenizer, "tiny-math") == [EOS_ID, PAD_ID]
     with pytest.raises(ValueError, match=re.escape("'<|im_end|>' is not a token of tiny-math")):
         end_tokens(["<eos>", "<|im_end|>"], tokenizer, "tiny-math")
+
+
+def test_the_earlier_cpu_default_keeps_the_settings_readme_quotes():
+    """scale=math/cpu_earlier is the math CPU default before issue 16 (the TRL-against-the-loop comparison was measured
+    with it); scale=math/cpu is the calibrated one."""
+    earlier = config("scale=math/cpu_earlier", "method=sera")
+    validate(earlier)
+    assert (earlier.sft.steps, earlier.sft.noise_p, earlier.data.num_train, earlier.data.num_heldout) == (
+        400,
+        0,
+        1024,
+        256,
+    )
+    assert (earlier.optim.lr, earlier.train.steps) == (1e-4, 200)
+    now = config("scale=math/cpu", "method=sera")
+    assert (now.sft.steps, now.sft.noise_p, now.data.num_train, now.optim.lr, now.train.steps) == (
+        3000,
+        0.9,
+        5500,
+        3e-4,
+        800,
+    )
