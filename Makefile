@@ -121,7 +121,7 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # budget (7.4x, 14 s a step, on the earlier default); 2 n0 keeps it at 2x (the paper: 1.49x).
 MATH_DARS_CAP = $(if $(filter cpu,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu (tiny-math on chain sums; 7 runs a seed, about 2 h 20 min on one thread summing the measured runs: base 6.5 min, MaxRL and SERA 17-20 min, PKPO 11, DARS-HW 32, GRPO taken as MaxRL); MATH_SEEDS=0,1,2 | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
+reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu (tiny-math on chain sums; 7 runs a seed, about 2 h 20 min on one thread summing the measured runs: base 6.5 min, MaxRL, SERA and GRPO 17-20 min, PKPO 11, DARS-HW 32); MATH_SEEDS=0,1,2 | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
