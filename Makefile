@@ -98,8 +98,11 @@ ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 =
 # table: each grid restores them into runs/ first (its finished runs are skipped) and saves its new ones at the end.
 ARCHIVE := $(PY) -m paper_figures.archive
 
-# threads=1: results depend on the torch thread count (float summation order), as in the imagenet sweeps
-MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=skip threads=1
+# threads=1: results depend on the torch thread count (float summation order), as in the imagenet sweeps.
+# IF_FINISHED=extend (maze and math): a run of the same config but fewer train.steps, with its checkpoint in runs/,
+# continues to the new length instead of being refused; it then equals a fresh run of that length (sera.runlog).
+IF_FINISHED ?= skip
+MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
 reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|paper; MAZE_SEEDS=0,1,2
@@ -109,7 +112,7 @@ reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and 
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
-MATH := $(PY) -m experiments.math.train --multirun run.if_finished=skip threads=1
+MATH := $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MATH_SEEDS ?= 0
 MODEL ?= smollm2-360m-instruct
 MATH_PAPER_smollm2-360m-instruct := math/paper

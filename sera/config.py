@@ -21,8 +21,8 @@ def check_run_settings(cfg) -> None:
         raise ValueError(f"unknown device {cfg.device!r}; choose from {DEVICES}")
     if not isinstance(cfg.run.checkpoint_every, int) or cfg.run.checkpoint_every < 1:
         raise ValueError(f"run.checkpoint_every must be a positive integer, got {cfg.run.checkpoint_every!r}")
-    if cfg.run.if_finished not in ("error", "skip"):
-        raise ValueError(f"run.if_finished must be error or skip, got {cfg.run.if_finished!r}")
+    if cfg.run.if_finished not in ("error", "skip", "extend"):
+        raise ValueError(f"run.if_finished must be error, skip or extend, got {cfg.run.if_finished!r}")
     if not isinstance(cfg.run.max_skipped_steps, int) or cfg.run.max_skipped_steps < 1:
         raise ValueError(f"run.max_skipped_steps must be a positive integer, got {cfg.run.max_skipped_steps!r}")
     if not isinstance(cfg.eval.every, int) or cfg.eval.every < 1:

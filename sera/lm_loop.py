@@ -48,7 +48,15 @@ from sera.losses import pg_loss
 from sera.methods import MethodSettings
 from sera.passk import pass_at_k
 from sera.rollout import Rollouts, concat_rollouts, end_token_ids, response_logprobs
-from sera.runlog import TRAIN_POOL_SET, RunDir, SkipGuard, check_finite_eval, eval_record_file, finished_summary
+from sera.runlog import (
+    TRAIN_POOL_SET,
+    RunDir,
+    SkipGuard,
+    check_finite_eval,
+    eval_record_file,
+    extend_run,
+    finished_summary,
+)
 
 
 class Task(Protocol):
@@ -520,11 +528,17 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
 def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads: int) -> dict:
     """The prologue and epilogue of every LM study's RL run, called after validation: skip (or refuse) a finished
     run, build (model, task, engine) with prepare() (which may train a base model first), hold the run directory's
-    lock while training, write DONE. Returns the final evaluation (or the finished run's summary)."""
+    lock while training, write DONE; with run.if_finished=extend, first let a shorter run continue to train.steps
+    (runlog.extend_run). Returns the final evaluation (or the finished run's summary)."""
     config = OmegaConf.to_container(cfg, resolve=True)
+    if cfg.run.if_finished == "extend":
+        if world_info()[1] > 1:
+            raise ValueError("run.if_finished=extend runs in one process; extend the run without torchrun")
+        if extend_run(out_dir, config):
+            print(f"{out_dir}: extending to {ls.steps} steps from its last checkpoint (run.if_finished=extend)")
     summary = finished_summary(out_dir, config)
-    if summary is not None and cfg.run.if_finished == "skip":
-        print(f"{out_dir} is finished with this config; skipping (run.if_finished=skip)")
+    if summary is not None and cfg.run.if_finished in ("skip", "extend"):
+        print(f"{out_dir} is finished with this config; skipping (run.if_finished={cfg.run.if_finished})")
         return summary
     model, task, engine = prepare()
     if world_info()[0] != 0:  # data parallel: rank 0 holds the run directory

@@ -149,6 +149,55 @@ def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:
     return json.loads(done.read_text() or "{}") if done.exists() else None
 
 
+def extend_run(path: str | os.PathLike, config: dict) -> bool:
+    """run.if_finished=extend: let the run in `path`, made with fewer train.steps and otherwise the same config,
+    continue from its last checkpoint to config's train.steps (DONE is removed, then config.yaml rewritten). Returns
+    True when it was prepared; False when there is nothing to extend (no run, or the same step count).
+
+    The LM loop reads train.steps only as where to stop (constant rate after warmup, an evaluation every eval.every
+    steps, the generator in the checkpoint), so with resume exact the extended run is the run a fresh config of the
+    new length makes; an old length off the evaluation schedule is refused, since its final evaluation drew from the
+    generator where a longer run does not. Records-only (archived) runs have no checkpoint and are refused."""
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    if not config_file.exists():
+        return False
+    previous = yaml.safe_load(config_file.read_text())
+    if not isinstance(previous, dict):
+        raise RunExistsError(f"{config_file} is empty or corrupt; delete {path} to start over.")
+    old, new = (c.get("train", {}).get("steps") for c in (previous, config))
+    if old == new:
+        return False
+
+    def others(c):
+        c = comparable_config(c)
+        return {k: v for k, v in c.items() if k not in RESUME_IGNORED_KEYS} | {"train": {**c["train"], "steps": None}}
+
+    changed = sorted(
+        k for k in set(others(previous)) | set(others(config)) if others(previous).get(k) != others(config).get(k)
+    )
+    if changed:
+        raise RunExistsError(
+            f"{path}: run.if_finished=extend changes train.steps only; the config also differs in {changed}"
+        )
+    if new < old:
+        raise RunExistsError(f"{path} holds a run of {old} steps; extend cannot shorten it to {new}")
+    every = config.get("eval", {}).get("every")
+    if not every or old % every:
+        raise RunExistsError(
+            f"{path}: its {old} steps end off the evaluation schedule (eval.every={every}), so its final evaluation "
+            "drew from the training generator where a longer run does not; extending it would not equal a fresh run"
+        )
+    if (path / ARCHIVED_FILE).exists() or not (path / CHECKPOINT_FILE).exists():
+        raise RunExistsError(f"{path} has no {CHECKPOINT_FILE} (records only) to continue from; rerun it from scratch")
+    with _lock(path):  # DONE first: a kill in between leaves an unfinished run of the old length, which extends again
+        (path / DONE_FILE).unlink(missing_ok=True)
+        _atomic_write(
+            config_file, yaml.safe_dump({**previous, "train": {**previous["train"], "steps": new}}, sort_keys=False)
+        )
+    return True
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy / torch scalars
         value = value.item()

@@ -153,6 +153,8 @@ def test_every_config_composes_and_validates(method, scale):
         (["optim.lr=nan"], ValueError, "optim.lr"),
         (["optim.name=sgd", "optim.lr=-inf"], ValueError, "optim.lr"),
         (["run.max_skipped_steps=0"], ValueError, "max_skipped_steps"),
+        (["run.if_finished=overwrite"], ValueError, "error, skip or extend"),
+        (["run.if_finished=extend"], ValueError, "for the LM studies"),
         (["data.name=imagenet", "data.root=/nonexistent/imagenet"], FileNotFoundError, "does not exist"),
         (["data.name=mnist"], ValueError, "unknown data.name"),
         (["method=maxrl", "train.steps=50"], ValueError, "no RL steps"),

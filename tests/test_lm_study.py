@@ -13,7 +13,7 @@ from sera.lm_loop import evaluate_into, run_rl
 from sera.lm_study import base_run, make_engine, resolve_device, run_name, study_root, validate_lm
 from sera.methods import Study
 from sera.rollout import HFEngine
-from sera.runlog import read_jsonl
+from sera.runlog import RunExistsError, read_jsonl
 from sera.threads import set_torch_threads
 from tests.test_lm import EOS, PAD, ToyTask, tiny_model
 
@@ -98,3 +98,39 @@ def test_the_kit_refuses_bad_input_before_any_work(tmp_path, override, match):
     with pytest.raises(ValueError, match=match):
         run(toy_cfg(tmp_path, override))
     assert not (tmp_path / "runs").exists()
+
+
+def test_extend_continues_a_shorter_run_to_the_run_a_fresh_config_makes(tmp_path):
+    """run.if_finished=extend: a finished 3-step run continued to 6 steps has the records (evaluations included) of a
+    fresh 6-step run; what would not equal a fresh run is refused, and a run already at the length is skipped."""
+    study = tmp_path / "runs" / "toy-smoke"
+
+    def records(name):
+        run_dir = study / name
+        rows = [
+            {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run_dir / "metrics.jsonl")
+        ]
+        return rows, {p.name: p.read_text() for p in sorted(run_dir.glob("eval_step*.json"))}
+
+    run(toy_cfg(tmp_path, "train.steps=6", "run.name=fresh"))
+    run(toy_cfg(tmp_path, "run.name=ext"))  # 3 steps, finished
+    with pytest.raises(RunExistsError, match="differs in"):  # without extend a longer config is refused
+        run(toy_cfg(tmp_path, "train.steps=6", "run.name=ext"))
+    with pytest.raises(RunExistsError, match="also differs in"):  # extend changes train.steps only
+        run(toy_cfg(tmp_path, "train.steps=6", "run.name=ext", "run.if_finished=extend", "optim.lr=2e-4"))
+    with pytest.raises(RunExistsError, match="cannot shorten"):
+        run(toy_cfg(tmp_path, "train.steps=2", "run.name=ext", "run.if_finished=extend"))
+    run(toy_cfg(tmp_path, "train.steps=6", "run.name=ext", "run.if_finished=extend"))
+    assert (study / "ext" / "DONE").exists() and records("ext") == records("fresh")
+    assert [r["step"] for r in records("ext")[0]] == list(range(6)) and len(records("ext")[1]) == 4  # 2 sets x 2
+    done = (study / "ext" / "DONE").stat().st_mtime_ns
+    run(toy_cfg(tmp_path, "train.steps=6", "run.name=ext", "run.if_finished=extend"))  # at the length: skipped
+    assert (study / "ext" / "DONE").stat().st_mtime_ns == done
+
+    run(toy_cfg(tmp_path, "eval.every=2", "run.name=off"))  # 3 steps: its final evaluation is off the schedule
+    with pytest.raises(RunExistsError, match="off the evaluation schedule"):
+        run(toy_cfg(tmp_path, "eval.every=2", "train.steps=4", "run.name=off", "run.if_finished=extend"))
+    (study / "ext" / "checkpoint.pt").unlink()  # records only, as an archived run
+    with pytest.raises(RunExistsError, match="no checkpoint.pt"):
+        run(toy_cfg(tmp_path, "train.steps=9", "run.name=ext", "run.if_finished=extend"))
+    assert (study / "ext" / "DONE").exists()  # a refused extension leaves the run as it was

@@ -66,6 +66,8 @@ def validate(cfg) -> MethodSettings:
     """Fail with a clear message on a malformed or infeasible config, before any work. Returns the method settings."""
     settings = MethodSettings.from_config(cfg, STUDY)
     check_run_settings(cfg)
+    if cfg.run.if_finished == "extend":  # its schedule and epochs are set by the run's length
+        raise ValueError("run.if_finished=extend is for the LM studies (maze, math); use error or skip here")
     if cfg.train.batch_size < 1 or cfg.train.warm_start_steps < 0:
         raise ValueError("train.batch_size must be >= 1 and train.warm_start_steps >= 0")
     if cfg.train.epochs is None and cfg.train.steps < 1:
