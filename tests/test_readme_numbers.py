@@ -377,14 +377,14 @@ def test_swapped_table_cells_are_caught():
 
 
 def test_swapped_rows_are_caught():
-    """The two SERA rows of Table 4 exchange their numbers (each keeps its normalization label)."""
-    token, seq = row_of("| token-mean | SERA |"), row_of("| seqnorm | SERA |")
+    """The two SERA rows of Table 1 (math) exchange their numbers (each keeps its normalization label)."""
+    token, seq = row_of("| SERA (token-mean) |"), row_of("| SERA (seqnorm) |")
     swap = {
-        token: "| token-mean | SERA |" + seq.split("| SERA |")[1],
-        seq: "| seqnorm | SERA |" + token.split("| SERA |")[1],
+        token: "| SERA (token-mean) |" + seq.split("| SERA (seqnorm) |")[1],
+        seq: "| SERA (seqnorm) |" + token.split("| SERA (token-mean) |")[1],
     }
     text = "\n".join(swap.get(line, line) for line in README.splitlines())
-    assert_caught(text, "'normalization': 'token-mean', 'method': 'SERA'}", "'normalization': 'seqnorm'")
+    assert_caught(text, "'method': 'SERA (token-mean)'", "'method': 'SERA (seqnorm)'")
 
 
 def test_relabelled_row_is_caught():
