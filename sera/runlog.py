@@ -57,6 +57,22 @@ class CorruptRunError(RuntimeError):
     """A file of the run directory cannot be read back; the message says which and what to do."""
 
 
+def read_config(path: Path) -> dict:
+    """The config.yaml of run directory `path`; RunExistsError when it is empty or corrupt."""
+    previous = yaml.safe_load((path / CONFIG_FILE).read_text())
+    if not isinstance(previous, dict):
+        raise RunExistsError(f"{path / CONFIG_FILE} is empty or corrupt; delete {path} to start over.")
+    return previous
+
+
+def config_changes(previous: dict, config: dict) -> list[str]:
+    """The top-level keys in which two run configs differ in what changes a result (sorted)."""
+    previous, config = comparable_config(previous), comparable_config(config)
+    return sorted(
+        k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
+    )
+
+
 def check_same_config(path: Path, config: dict) -> None:
     """Raise RunExistsError when `path` already holds a run with a config that differs in a result-changing key,
     or holds run state (metrics, checkpoint) without the config that produced it."""
@@ -70,13 +86,7 @@ def check_same_config(path: Path, config: dict) -> None:
                 f"and resuming could mix two configs; delete the directory to start over (or restore {CONFIG_FILE})."
             )
         return
-    previous = yaml.safe_load(config_file.read_text())
-    if not isinstance(previous, dict):
-        raise RunExistsError(f"{config_file} is empty or corrupt; delete {path} to start over.")
-    previous, config = comparable_config(previous), comparable_config(config)
-    changed = sorted(
-        k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
-    )
+    changed = config_changes(read_config(path), config)
     started = any((path / name).exists() for name in (METRICS_FILE, CHECKPOINT_FILE, DONE_FILE))
     if changed and started:  # a config.yaml alone (a run that failed at start-up) holds no work: it may be replaced
         state = "a finished" if (path / DONE_FILE).exists() else "an unfinished"
@@ -159,23 +169,14 @@ def extend_run(path: str | os.PathLike, config: dict) -> bool:
     new length makes; an old length off the evaluation schedule is refused, since its final evaluation drew from the
     generator where a longer run does not. Records-only (archived) runs have no checkpoint and are refused."""
     path = Path(path)
-    config_file = path / CONFIG_FILE
-    if not config_file.exists():
+    if not (path / CONFIG_FILE).exists():
         return False
-    previous = yaml.safe_load(config_file.read_text())
-    if not isinstance(previous, dict):
-        raise RunExistsError(f"{config_file} is empty or corrupt; delete {path} to start over.")
+    previous = read_config(path)
     old, new = (c.get("train", {}).get("steps") for c in (previous, config))
     if old == new:
         return False
-
-    def others(c):
-        c = comparable_config(c)
-        return {k: v for k, v in c.items() if k not in RESUME_IGNORED_KEYS} | {"train": {**c["train"], "steps": None}}
-
-    changed = sorted(
-        k for k in set(others(previous)) | set(others(config)) if others(previous).get(k) != others(config).get(k)
-    )
+    extended = {**previous, "train": {**previous["train"], "steps": new}}  # what config.yaml becomes
+    changed = config_changes(extended, config)
     if changed:
         raise RunExistsError(
             f"{path}: run.if_finished=extend changes train.steps only; the config also differs in {changed}"
@@ -192,9 +193,7 @@ def extend_run(path: str | os.PathLike, config: dict) -> bool:
         raise RunExistsError(f"{path} has no {CHECKPOINT_FILE} (records only) to continue from; rerun it from scratch")
     with _lock(path):  # DONE first: a kill in between leaves an unfinished run of the old length, which extends again
         (path / DONE_FILE).unlink(missing_ok=True)
-        _atomic_write(
-            config_file, yaml.safe_dump({**previous, "train": {**previous["train"], "steps": new}}, sort_keys=False)
-        )
+        _atomic_write(path / CONFIG_FILE, yaml.safe_dump(extended, sort_keys=False))
     return True
 
 
