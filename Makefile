@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-faults lint format bench install-vllm test-vllm bench-vllm reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
+.PHONY: help install test test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ install: $(STAMP) ## create .venv and install the pinned environment (constraint
 
 test: install ## run the test suite (CPU, offline, a few minutes)
 	$(PY) -m pytest -q tests
+
+test-gpu: install ## GPU machines only: the LM paths on CUDA (engine and step against the CPU, bf16, entry points, TRL in bf16)
+	$(PY) -m pytest -q tests/gpu
 
 test-faults: install ## fault injection: SIGKILL a real run at random moments FAULT_KILLS times, resume, compare
 	FAULT_KILLS=$${FAULT_KILLS:-40} $(PY) -m pytest -q tests/test_run_dirs.py -k random_kills

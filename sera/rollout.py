@@ -23,7 +23,8 @@ import torch
 
 @dataclass
 class Rollouts:
-    """A step's rollouts, grouped by prompt: rows of prompt 0 first, then prompt 1, ..."""
+    """A step's rollouts, grouped by prompt: rows of prompt 0 first, then prompt 1, ... Every engine returns them on
+    the CPU, where they are scored; the loss moves what it needs to the model's device."""
 
     prompt_index: torch.Tensor  # (N,) prompt of each rollout
     tokens: torch.Tensor  # (N, T) response tokens, pad after the end token
@@ -239,7 +240,7 @@ class HFEngine:
         logprobs = torch.zeros((num, max_new_tokens), device=device)
         mask = torch.zeros((num, max_new_tokens), dtype=torch.long, device=device)
         if num == 0:
-            return Rollouts(rows, tokens, mask, logprobs)
+            return Rollouts(rows.cpu(), tokens.cpu(), mask.cpu(), logprobs.cpu())
         was_training = self.model.training
         self.model.eval()
         ids, attn, pos = left_pad(prompts, self.pad_id, device)
@@ -247,7 +248,7 @@ class HFEngine:
         decode = self._decode_static if self.decode == "static" else self._decode_dynamic
         decode(out, attn, pos, rows, (tokens, logprobs, mask), generator, temperature, top_p)
         self.model.train(was_training)
-        return Rollouts(rows, tokens, mask, logprobs)
+        return Rollouts(rows.cpu(), tokens.cpu(), mask.cpu(), logprobs.cpu())  # on the CPU, as vLLM's
 
     def _sample(self, logits, active, t, outputs, generator, temperature, top_p) -> torch.Tensor:
         """Draw response token t of rows `active` from their logits (R, V), record it; True where a row goes on.
@@ -311,10 +312,11 @@ def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_i
     """
     device = next(model.parameters()).device
     used, row_of = torch.unique(rollouts.prompt_index, return_inverse=True)
+    row_of = row_of.to(device)
     ids, attn, pos = left_pad([prompts[i] for i in used.tolist()], pad_id, device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
     cache = out.cache
-    cache.batch_select_indices(row_of.to(device))
+    cache.batch_select_indices(row_of)
     width = rollouts.tokens.shape[1]
     full_attn = torch.cat([attn[row_of], torch.ones((len(row_of), width), dtype=attn.dtype, device=device)], dim=1)
     resp_pos = pos[row_of, -1:] + 1 + torch.arange(width, device=device)[None, :]

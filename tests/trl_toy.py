@@ -125,7 +125,8 @@ def suite_gradient(state, output, coefficients, aggregation, totals) -> list[tor
     """The gradient of sera.losses.pg_loss on this process's rows with the step's global normalisers, summed over the
     processes: log-probabilities of the completion tokens from a plain forward pass over prompt + completion, by a fresh
     copy of the model at the step's weights."""
-    net = model()
+    device = output["prompt_ids"].device  # the trainer's (a GPU where tests/gpu runs it)
+    net = model().to(device)
     net.load_state_dict(state)
     ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
     attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
@@ -134,7 +135,8 @@ def suite_gradient(state, output, coefficients, aggregation, totals) -> list[tor
     logp = torch.log_softmax(logits, dim=-1).gather(2, output["completion_ids"][..., None])[..., 0]
     advantages, weights = coefficients
     loss = pg_loss(
-        logp, output["completion_mask"], torch.as_tensor(advantages), torch.as_tensor(weights), aggregation,
+        logp, output["completion_mask"], torch.as_tensor(advantages, device=device),
+        torch.as_tensor(weights, device=device), aggregation,
         max_len=MAX_LEN, num_rollouts=totals[0], num_tokens=totals[1],
     )  # fmt: skip
     net.zero_grad()
@@ -184,6 +186,7 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides
     grad_error = max(float((a - b).abs().max()) for a, b in zip(capture.grads, suite, strict=True))
     grad_scale = max(float(b.abs().max()) for b in suite)
     return {
+        "device": output["completion_ids"].device.type,
         "world": world,
         "rows": int(group.size),
         "budget": len(names) * N0,

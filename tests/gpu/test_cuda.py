@@ -1,0 +1,117 @@
+"""The suite's LM paths on a CUDA device, which the CPU suite cannot reach: the engine and the loss on the GPU against
+the same code on the CPU (float32), a bf16 policy through a whole RL step, the maze and math entry points with
+device=cuda (their SFT trains in bf16 autocast there), and SERA inside TRL's GRPOTrainer in bf16 on the GPU.
+`make test-gpu`; CI has no GPU, so README says where these were last run."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from sera.lm_loop import rl_step
+from sera.rollout import HFEngine, response_logprobs
+from sera.runlog import read_jsonl
+from tests import trl_toy
+from tests.test_lm import EOS, PAD, PROMPTS, ToyTask, loop_cfg, settings, tiny_model
+
+CUDA = torch.device("cuda")
+
+
+def on(device, model, dtype=torch.float32):
+    return model.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("decode", ["static", "dynamic"])
+def test_engine_on_the_gpu_draws_what_the_cpu_draws(decode):
+    """Sampling draws from the CPU generator, so the GPU's rollouts are the CPU's (the probabilities differ by float
+    rounding only); log-probs agree, and the loss's log-probs on the GPU match the sampling ones."""
+    cpu, gpu = tiny_model(), on(CUDA, tiny_model())
+    for seed in range(3):
+        a = HFEngine(cpu, [EOS, 4], PAD, decode=decode).generate(
+            PROMPTS, [5, 0, 7], 8, torch.Generator().manual_seed(seed)
+        )
+        b = HFEngine(gpu, [EOS, 4], PAD, decode=decode).generate(
+            PROMPTS, [5, 0, 7], 8, torch.Generator().manual_seed(seed)
+        )
+        assert b.tokens.device.type == "cpu" and b.counts.tolist() == [5, 0, 7]  # rollouts come back on the CPU
+        assert torch.equal(a.tokens, b.tokens.cpu()) and torch.equal(a.mask, b.mask.cpu())
+        torch.testing.assert_close(a.logprobs, b.logprobs.cpu(), atol=1e-5, rtol=0)
+        recomputed = response_logprobs(gpu, PROMPTS, b, PAD)
+        assert recomputed.device.type == "cuda"
+        torch.testing.assert_close(recomputed.cpu() * b.mask, b.logprobs * b.mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seqnorm"])
+def test_sera_step_on_the_gpu_equals_the_cpu_step(aggregation):
+    """One SERA step (pilots, waterline, the rest, micro-batched backward): the same counts, rewards and gradient."""
+    out = []
+    for device in ("cpu", "cuda"):
+        ms, ls = settings(loop_cfg("sera", "pilot", 2, aggregation, micro=5))
+        model = on(device, tiny_model())
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        metrics = rl_step(
+            ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(5), 0
+        )
+        out.append((metrics, torch.cat([p.grad.reshape(-1).cpu() for p in model.parameters()])))
+    (m_cpu, g_cpu), (m_gpu, g_gpu) = out
+    assert m_cpu["alloc/n_min"] != m_cpu["alloc/n_max"]  # the waterline moved rollouts
+    for key in ("alloc/n_min", "alloc/n_max", "alloc/generated", "train/reward", "train/live_rollouts"):
+        assert m_cpu[key] == m_gpu[key], key
+    assert g_cpu.abs().max() > 0
+    torch.testing.assert_close(g_gpu, g_cpu, atol=1e-5, rtol=1e-4)
+
+
+def test_a_bf16_policy_trains():
+    """A bf16 policy on the GPU: the engine's log-probs are within bf16 rounding of a float32 forward pass, and a SERA
+    step gives a finite loss and moves the weights."""
+    model = on(CUDA, tiny_model(), torch.bfloat16)
+    out = HFEngine(model, EOS, PAD).generate(PROMPTS, [4, 4, 4], 8, torch.Generator().manual_seed(0))
+    exact = response_logprobs(tiny_model(), PROMPTS, out, PAD).detach()  # float32 on the CPU
+    assert out.mask.sum() > 0
+    torch.testing.assert_close(out.logprobs * out.mask, exact * out.mask, atol=5e-2, rtol=0)
+    ms, ls = settings(loop_cfg("sera", "pilot", 2, "token-mean"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = rl_step(
+        ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(1), 0
+    )
+    assert metrics["train/live_rollouts"] > 0 and np.isfinite(metrics["train/loss"])
+    assert "train/skipped_nonfinite" not in metrics
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def entry_point(tmp_path, study, *overrides):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", f"experiments.{study}.train", f"scale={study}/smoke", "device=cuda", "method=sera",
+           "method.pilot_m=2", f"run.root={tmp_path}", "threads=1", *overrides]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [p for p in tmp_path.rglob("DONE") if not p.parent.name.startswith("base")]
+    assert len(runs) == 1
+    records = read_jsonl(runs[0].parent / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all(np.isfinite(r["train/loss"]) for r in records if "train/loss" in r)
+    return records
+
+
+@pytest.mark.parametrize("study", ["maze", "math"])
+def test_entry_point_on_the_gpu(tmp_path, study):
+    """The real entry point with device=cuda: the base model's SFT (bf16 autocast on a GPU), RL steps, evaluation."""
+    records = entry_point(tmp_path, study)
+    assert any(k.startswith("eval/") and k.endswith("/pass@1") for k in records[-1])
+
+
+@pytest.mark.parametrize("method", ["sera", "maxrl"])
+def test_trl_step_on_the_gpu_in_bf16(tmp_path, method):
+    """SERAGRPOTrainer on the GPU with bf16=True: the budget, one prompt per group and MaxRL x n0 / n_i hold exactly
+    (they come from the rewards); the gradient equals the suite's float32 loss up to bf16 autocast's rounding."""
+    r = trl_toy.one_step(tmp_path, method, "dapo", use_cpu=False, bf16=True)
+    assert r["device"] == "cuda"
+    assert r["counts_sum"] == r["rows"] == r["budget"] and r["counts_by_prompt"] == r["trainer_counts"]
+    assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["groups_distinct"] and r["rewards_match"]
+    assert r["nonuniform"] == (method == "sera")
+    assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
+    assert r["grad_scale"] > 0 and r["grad_error"] <= 3e-2 * r["grad_scale"]
