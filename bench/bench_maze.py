@@ -8,8 +8,9 @@ Beta(0.5, 2) (clipped to [1/16, 15/16]). Prints, from one run:
   on one thread), SERA / uniform (target >= 0.9), and how many of the 512 responses the two paths drew differently
   from the same generator (expected 0: same uniforms, logits equal up to float rounding);
 - the step's split: generate, score (the task's batched reward), log-prob forward + backward of the MaxRL token-mean
-  loss over the rollouts with a nonzero advantage and over all 512 (every group mixed, later in training), and the
-  AdamW update.
+  loss over the rollouts with a nonzero advantage and over all 512 (every group mixed, later in training), by both
+  log-prob paths (train.logprobs: repeated-cache, the earlier one, and shared-prompt) and their ratio, and the AdamW
+  update.
 Without --model a randomly initialised maze-1m is used (`make bench` passes the base model when it exists).
 """
 
@@ -26,9 +27,9 @@ from experiments.maze.model import build_model
 from experiments.maze.task import DONE_ID, EVAL_SET, PAD_ID, MazeTask
 from sera.advantages import maxrl
 from sera.allocation import uniform, waterline
-from sera.lm_loop import score
+from sera.lm_loop import LOGPROB_BUCKETS, score
 from sera.losses import pg_loss
-from sera.rollout import HFEngine, response_logprobs
+from sera.rollout import HFEngine, response_logprobs, shared_prompt_logprobs
 from sera.threads import set_torch_threads
 
 MAX_NEW_TOKENS = 33
@@ -74,19 +75,24 @@ def step_split(model, task, ids, prompts, counts) -> dict:
     adv = maxrl(rewards, counts)
     tokens = float(rollouts.mask.sum())
 
-    def backward(rows: torch.Tensor, advantages: np.ndarray):
+    def backward(rows: torch.Tensor, advantages: np.ndarray, path: str = "repeated-cache"):
         optimizer.zero_grad(set_to_none=True)
         sub = rollouts.select(rows)
-        logp = response_logprobs(model, prompts, sub, PAD_ID)
+        if path == "shared-prompt":
+            logp = shared_prompt_logprobs(model, prompts, sub, PAD_ID, buckets=LOGPROB_BUCKETS)
+        else:
+            logp = response_logprobs(model, prompts, sub, PAD_ID)
         adv_t = torch.as_tensor(advantages, dtype=torch.float32)
         loss = pg_loss(logp, sub.mask, adv_t, aggregation="token-mean", num_rollouts=len(rewards), num_tokens=tokens)
         loss.backward()
 
     live = torch.as_tensor(np.flatnonzero(adv))
     times["live"] = live.numel()
-    times["logprob_live"] = timed(lambda: backward(live, adv[live.numpy()])) if live.numel() else 0.0
     every = torch.arange(len(rewards))
-    times["logprob_all"] = timed(lambda: backward(every, np.ones(len(rewards))))  # every group mixed
+    live_adv, ones = adv[live.numpy()], np.ones(len(rewards))  # every group mixed: all 512 trained
+    for path in ("repeated-cache", "shared-prompt"):  # the repeated cache: the earlier path, the committed runs'
+        times[f"live {path}"] = timed(lambda p=path: backward(live, live_adv, p)) if live.numel() else 0.0
+        times[f"all {path}"] = timed(lambda p=path: backward(every, ones, p))
     times["optimizer"] = timed(optimizer.step)
     return times
 
@@ -120,12 +126,15 @@ def main() -> None:
     print(f"  SERA / uniform (new path): {sera / uni:.2f} (target >= 0.9); n_i {counts.min()}..{counts.max()}")
     splits = [step_split(model, task, ids, prompts, counts) for _ in range(2)]
     split = {key: min(run[key] for run in splits) for key in splits[0]}  # best of two: a shared machine's load
-    total = split["generate"] + split["score"] + split["logprob_live"] + split["optimizer"]
-    print(f"  one MaxRL token-mean step on the SERA counts (new path), {total:.2f} s:")
+    total = split["generate"] + split["score"] + split["live shared-prompt"] + split["optimizer"]
+    print(f"  one MaxRL token-mean step on the SERA counts (new decode path, shared-prompt log-probs), {total:.2f} s:")
     print(f"    generate                              {split['generate']:6.2f} s")
     print(f"    score (batched reward)                {split['score']:6.3f} s")
-    print(f"    log-prob forward + backward, {split['live']:3d} live {split['logprob_live']:6.2f} s")
-    print(f"    log-prob forward + backward, all 512  {split['logprob_all']:6.2f} s (every group mixed)")
+    print("    log-prob forward + backward          repeated-cache | shared-prompt | ratio")
+    for rows in ("live", "all"):
+        old, new = split[f"{rows} repeated-cache"], split[f"{rows} shared-prompt"]
+        label = f"{split['live']:3d} live" if rows == "live" else "all 512 (every group mixed)"
+        print(f"      {label:32} {old:6.2f} s       | {new:6.2f} s      | {old / max(new, 1e-9):5.2f}x")
     print(f"    AdamW update                          {split['optimizer']:6.3f} s")
 
 

@@ -47,7 +47,15 @@ from sera.estimation import HistoricalEstimator
 from sera.losses import pg_loss
 from sera.methods import MethodSettings
 from sera.passk import pass_at_k
-from sera.rollout import Rollouts, concat_rollouts, end_token_ids, response_logprobs
+from sera.rollout import (
+    LOGPROB_PATHS,
+    Rollouts,
+    concat_rollouts,
+    end_token_ids,
+    response_logprobs,
+    shared_prompt_logprobs,
+    static_decode_unsupported,
+)
 from sera.runlog import (
     TRAIN_POOL_SET,
     RunDir,
@@ -87,6 +95,7 @@ class Task(Protocol):
 
 
 PARALLEL = ("ddp", "fsdp2")
+LOGPROB_BUCKETS = 8  # shared-prompt log-probs: length buckets a call (bench_maze: 2.9x over repeated-cache, 1.7x at 1)
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class LoopSettings:
     warmup_steps: int
     grad_clip: float  # max gradient norm
     micro_batch_rollouts: int | None  # rollouts per forward/backward (None: all of a step's at once)
+    logprobs: str  # the loss's log-probs: repeated-cache (response_logprobs) | shared-prompt (Llama models)
     parallel: str  # under torchrun: ddp (every rank a full replica) | fsdp2 (parameters sharded, fully_shard)
     eval_every: int
     eval_samples: int  # samples per evaluation question
@@ -129,7 +139,7 @@ class LoopSettings:
             betas=tuple(float(b) for b in o.betas), eps=float(o.eps), warmup_steps=int(o.warmup_steps),
             grad_clip=float(o.grad_clip),
             micro_batch_rollouts=None if t.micro_batch_rollouts is None else int(t.micro_batch_rollouts),
-            parallel=str(t.get("parallel", "ddp")),
+            logprobs=str(t.get("logprobs", "repeated-cache")), parallel=str(t.get("parallel", "ddp")),
             eval_every=int(e.every), eval_samples=int(e.samples), eval_ks=tuple(int(k) for k in e.ks),
             eval_temperature=float(e.temperature if e.temperature is not None else cfg.temperature),
             eval_top_p=float(e.top_p), eval_max_rollouts_per_call=int(e.max_rollouts_per_call),
@@ -147,6 +157,13 @@ class LoopSettings:
             raise ValueError(f"top_p and eval.top_p must lie in (0, 1], got {s.top_p}, {s.eval_top_p}")
         if s.parallel not in PARALLEL:
             raise ValueError(f"unknown train.parallel {s.parallel!r}; choose from {PARALLEL}")
+        if s.logprobs not in LOGPROB_PATHS:
+            raise ValueError(f"unknown train.logprobs {s.logprobs!r}; choose from {LOGPROB_PATHS}")
+        if s.logprobs == "shared-prompt" and s.parallel == "fsdp2":
+            raise ValueError(
+                "train.logprobs=shared-prompt runs Llama's layers module by module, past FSDP2's per-block "
+                "unsharding: use train.logprobs=repeated-cache with train.parallel=fsdp2"
+            )
         if s.micro_batch_rollouts is not None and s.micro_batch_rollouts < 1:
             raise ValueError(f"train.micro_batch_rollouts must be >= 1 or null, got {s.micro_batch_rollouts}")
         if len(s.betas) != 2 or not all(0 <= b < 1 for b in s.betas) or not s.eps > 0 or not s.grad_clip > 0:
@@ -324,6 +341,14 @@ def rl_step(
     return metrics
 
 
+def loss_logprobs(ls: LoopSettings, model, prompts, rollouts: Rollouts, pad_id: int) -> torch.Tensor:
+    """The rollouts' log-probs (N, T) for the loss, with gradients, by the path ls.logprobs names (equal up to float
+    rounding; shared-prompt is the faster, in length buckets)."""
+    if ls.logprobs == "shared-prompt":
+        return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature, buckets=LOGPROB_BUCKETS)
+    return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature)
+
+
 def backward_in_micro_batches(
     ms, ls, model, prompts, rollouts, live, adv, weights, pad_id, device, totals
 ) -> float | None:
@@ -342,10 +367,10 @@ def backward_in_micro_batches(
     for chunk in chunks:
         if chunk is None:  # a zero-weight pass over this rank's first rollout: the collectives match, nothing is added
             sub = rollouts.select(torch.zeros(1, dtype=torch.long))
-            (response_logprobs(model, prompts, sub, pad_id, ls.temperature).sum() * 0.0).backward()
+            (loss_logprobs(ls, model, prompts, sub, pad_id).sum() * 0.0).backward()
             continue
         sub = rollouts.select(chunk)
-        logp = response_logprobs(model, prompts, sub, pad_id, ls.temperature)
+        logp = loss_logprobs(ls, model, prompts, sub, pad_id)
         loss = pg_loss(
             logp,
             sub.mask.to(device),
@@ -541,6 +566,9 @@ def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads:
         print(f"{out_dir} is finished with this config; skipping (run.if_finished={cfg.run.if_finished})")
         return summary
     model, task, engine = prepare()
+    reason = static_decode_unsupported(model) if ls.logprobs == "shared-prompt" else None
+    if reason is not None:  # before the first step
+        raise ValueError(f"train.logprobs=shared-prompt cannot run this model: {reason}")
     if world_info()[0] != 0:  # data parallel: rank 0 holds the run directory
         return train(ms, ls, task, model, engine, None)
     with RunDir(out_dir, config, cfg.wandb) as run_dir:

@@ -332,6 +332,107 @@ def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_i
     return logp.gather(2, rollouts.tokens.to(device)[..., None])[..., 0]
 
 
+LOGPROB_PATHS = ("repeated-cache", "shared-prompt")
+
+
+def shared_prompt_logprobs(
+    model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int, temperature: float = 1.0, buckets: int = 1
+):
+    """`response_logprobs` without repeating the prompts' cache per rollout, and without the padding after each
+    response: the same log-probs (float rounding aside) and gradients, for a Llama model (`static_decode_unsupported`
+    says which).
+
+    The prompts are run once (transformers' forward). The rollouts, sorted by response length, are cut into `buckets`
+    groups of about equal size, each run only as wide as its longest response; a group goes through Llama's layers
+    module by module, as `SharedPromptDecoder` does while sampling: each rollout's queries meet its prompt's keys and
+    values once per prompt (one matmul per prompt for its rows) and its own response causally, in one softmax. The
+    log-probs come back in the rollouts' order, zeros past each group's longest response (positions after a
+    response's end token, which the loss masks, hold whatever the group computed there).
+    """
+    reason = static_decode_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"the shared-prompt log-probs cannot run this model: {reason}")
+    device = next(model.parameters()).device
+    used, row_of = torch.unique(rollouts.prompt_index, return_inverse=True)
+    ids, attn, pos = left_pad([prompts[i] for i in used.tolist()], pad_id, device)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    prompt = PromptKV(
+        [layer.keys for layer in out.cache.layers],  # (P, H_kv, L, d) a layer, with gradients
+        [layer.values for layer in out.cache.layers],
+        None if bool(attn.all()) else torch.zeros(attn.shape, device=device).masked_fill(attn == 0, float("-inf")),
+        pos[:, -1] + 1,  # (P,) position of each prompt's first response token
+        out.logits[:, -1],  # (P, V) the logits of each response's first token
+    )
+    lengths = rollouts.mask.sum(1)
+    pieces, order = [], []
+    for part in torch.argsort(lengths, stable=True).tensor_split(max(1, min(buckets, len(lengths)))):
+        rows = part[torch.argsort(row_of[part], stable=True)]  # grouped by prompt, as the layers take them
+        width = max(1, int(lengths[rows].max()))
+        tokens = rollouts.tokens[rows, :width].to(device)
+        logp = _layers_logprobs(model, prompt, tokens, row_of[rows].to(device), temperature)
+        pieces.append(torch.nn.functional.pad(logp, (0, rollouts.tokens.shape[1] - width)))
+        order.append(rows)
+    return torch.cat(pieces)[torch.argsort(torch.cat(order)).to(device)]  # back in the rollouts' order
+
+
+@dataclass
+class PromptKV:
+    keys: list[torch.Tensor]  # (P, H_kv, L, d) a layer
+    values: list[torch.Tensor]
+    pad_bias: torch.Tensor | None  # (P, L): -inf on left padding; None when no prompt is padded
+    next_pos: torch.Tensor  # (P,)
+    last_logits: torch.Tensor  # (P, V)
+
+
+def _layers_logprobs(model, prompt: PromptKV, tokens: torch.Tensor, row_of: torch.Tensor, temperature: float = 1.0):
+    """Log-probs (N, T) of `tokens` (N, T), responses to prompts row_of (N,) grouped by prompt, through the layers."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    body = model.model
+    first = body.layers[0].self_attn
+    d, groups, kv_heads = first.head_dim, first.num_key_value_groups, prompt.keys[0].shape[1]
+    rows, width = tokens.shape
+    queries = groups * width  # a key/value head's queries: its G query heads x the response
+    segments, sizes = torch.unique_consecutive(row_of, return_counts=True)
+    segments, sizes = segments.tolist(), sizes.tolist()
+    x = body.embed_tokens(tokens)  # (N, T, D)
+    cos, sin = body.rotary_emb(x, prompt.next_pos[row_of][:, None] + torch.arange(width, device=x.device)[None, :])
+    step = torch.arange(queries, device=x.device) % width  # the response position of each query
+    causal = torch.zeros((queries, width), dtype=x.dtype, device=x.device)
+    causal.masked_fill_(torch.arange(width, device=x.device)[None, :] > step[:, None], float("-inf"))  # (G T, T)
+    pad_bias = None if prompt.pad_bias is None else prompt.pad_bias[row_of].to(x.dtype)[:, None, None, :]
+    for i, layer in enumerate(body.layers):
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = a.q_proj(h).view(rows, width, -1, d).transpose(1, 2)  # (N, H, T, d)
+        k = a.k_proj(h).view(rows, width, -1, d).transpose(1, 2)  # (N, H_kv, T, d)
+        v = a.v_proj(h).view(rows, width, -1, d).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q = (q * a.scaling).reshape(rows, kv_heads, queries, d)  # query head h = kv head h // G, as repeat_kv pairs
+        keys, values = prompt.keys[i], prompt.values[i]
+        to_prompt = torch.cat([  # each prompt's rows against its keys, once: (N, H_kv, G T, L)
+            (part.transpose(0, 1).reshape(kv_heads, -1, d) @ keys[g].transpose(1, 2))
+            .view(kv_heads, n, queries, -1).transpose(0, 1)
+            for g, part, n in zip(segments, q.split(sizes), sizes, strict=True)
+        ])  # fmt: skip
+        if pad_bias is not None:
+            to_prompt = to_prompt + pad_bias
+        scores = torch.cat([to_prompt, q @ k.transpose(2, 3) + causal], dim=-1)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        length = keys.shape[2]
+        w_prompt, w_self = weights[..., :length], weights[..., length:]
+        attended = w_self @ v + torch.cat([
+            (part.transpose(0, 1).reshape(kv_heads, -1, length) @ values[g])
+            .view(kv_heads, n, queries, d).transpose(0, 1)
+            for g, part, n in zip(segments, w_prompt.split(sizes), sizes, strict=True)
+        ])  # fmt: skip
+        attended = attended.view(rows, kv_heads, groups, width, d).permute(0, 3, 1, 2, 4).reshape(rows, width, -1)
+        x = x + a.o_proj(attended)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    logits = torch.cat([prompt.last_logits[row_of][:, None], model.lm_head(body.norm(x[:, :-1]))], dim=1)
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, tokens[..., None])[..., 0]
+
+
 class VLLMEngine:
     """vLLM sampling: per-request n = n_i in one call, the training model's weights synced after every update.
 

@@ -101,6 +101,7 @@ def check_same_config(path: Path, config: dict) -> None:
 # fitted priors' window and decay did not exist either); eval.at_start and train.log_coverage add measurements only.
 ADDED_DEFAULTS = {
     ("train", "parallel"): "ddp",
+    ("train", "logprobs"): "repeated-cache",
     ("method", "sequential", "prior"): "flat",
     ("method", "sequential", "window"): 20,
     ("method", "sequential", "history_decay"): 0.7,

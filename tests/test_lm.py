@@ -330,6 +330,30 @@ def test_micro_batched_gradient_equals_full_batch(tmp_path):
         torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
 
 
+def test_shared_prompt_logprobs_give_the_steps_gradient(tmp_path):
+    """train.logprobs=shared-prompt: the same step (rollouts, rewards) and, up to float rounding, the same gradient as
+    the repeated cache, in one batch and in micro-batches, for both aggregations."""
+    from sera.lm_loop import rl_step
+
+    for aggregation, micro in [("token-mean", None), ("seqnorm", 5)]:
+        steps = []
+        for path in ("repeated-cache", "shared-prompt"):
+            cfg = loop_cfg("sera", "pilot", 2, aggregation, micro=micro)
+            cfg.train.logprobs = path
+            ms, ls = settings(cfg)
+            model = tiny_model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.0)
+            engine = HFEngine(model, EOS, PAD)
+            metrics = rl_step(ms, ls, ToyTask(), model, engine, opt, None, torch.Generator().manual_seed(5), 0)
+            steps.append((metrics, torch.cat([p.grad.reshape(-1) for p in model.parameters()])))
+        (before, grad), (after, shared) = steps
+        assert before["alloc/n_min"] != before["alloc/n_max"] and before["train/live_rollouts"] > 5
+        for key in ("alloc/n_min", "alloc/n_max", "train/reward", "train/live_rollouts", "train/response_tokens"):
+            assert before[key] == after[key], key
+        assert grad.abs().max() > 0
+        torch.testing.assert_close(shared, grad, atol=1e-6, rtol=1e-5)
+
+
 def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
     import sera.lm_loop as loop
 
@@ -506,6 +530,8 @@ def test_maze_bad_input(tmp_path):
             (["top_p=0"], "top_p"),
             (["train.batch_size=0"], "batch_size must be"),
             (["train.micro_batch_rollouts=0"], "micro_batch_rollouts"),
+            (["train.logprobs=fast"], "unknown train.logprobs"),
+            (["train.parallel=fsdp2", "engine=vllm", "train.logprobs=shared-prompt"], "past FSDP2"),
             (["eval.ks=[]"], "eval.ks"),
             (["eval.every=0"], "eval.every"),
             (["run.checkpoint_every=0"], "checkpoint_every"),

@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import sera.rollout
-from sera.rollout import HFEngine, response_logprobs
+from sera.rollout import HFEngine, response_logprobs, shared_prompt_logprobs
 from tests.test_lm import EOS, PAD
 from tests.test_lm import tiny_model as llama
 
@@ -112,3 +112,32 @@ def test_unsupported_models_fall_back_with_the_reason():
     assert HFEngine(llama(), EOS, PAD, decode="dynamic").decode == "dynamic"
     with pytest.raises(ValueError, match="decode must be one of"):
         HFEngine(llama(), EOS, PAD, decode="fast")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("buckets", [1, 3, 64])
+def test_shared_prompt_logprobs_equal_the_repeated_cache(name, buckets):
+    """shared_prompt_logprobs (the loss's train.logprobs=shared-prompt): the log-probs and the gradient of a weighted
+    sum of them equal response_logprobs' (left-padded prompts, a prompt with no rollout, two end tokens, a temperature),
+    with the rows in the rollouts' order and zeros past the longest response."""
+    model = MODELS[name]()
+    for seed in range(3):
+        out = HFEngine(model, [EOS, 4], PAD).generate(PROMPTS, [5, 0, 7, 3], 10, torch.Generator().manual_seed(seed))
+        weight = torch.randn(out.mask.shape, generator=torch.Generator().manual_seed(seed)) * out.mask
+        repeated = response_logprobs(model, PROMPTS, out, PAD, 0.8)
+        shared = shared_prompt_logprobs(model, PROMPTS, out, PAD, 0.8, buckets=buckets)
+        assert shared.shape == repeated.shape and (shared[:, int(out.mask.sum(1).max()) :] == 0).all()
+        torch.testing.assert_close(shared * out.mask, repeated * out.mask, atol=1e-5, rtol=0)
+        params = list(model.parameters())
+        expected = torch.autograd.grad((repeated * weight).sum(), params)
+        for got, want in zip(torch.autograd.grad((shared * weight).sum(), params), expected, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    lengths = out.mask.sum(1)
+    assert lengths.min() < lengths.max()  # the buckets cut different widths
+
+
+def test_shared_prompt_logprobs_refuse_other_models():
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=10, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    out = HFEngine(model, EOS, PAD, decode="dynamic").generate(PROMPTS, [1, 1, 1, 1], 4, torch.Generator())
+    with pytest.raises(ValueError, match="not a LlamaForCausalLM"):
+        shared_prompt_logprobs(model, PROMPTS, out, PAD)
