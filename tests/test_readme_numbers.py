@@ -415,7 +415,7 @@ def test_numbers_in_the_prose_are_checked():
     assert_caught(mutated("+0.80 [+0.04, +1.56] pp", "+0.80 [-0.04, +1.56] pp"), "-0.04 is no value")
     assert_caught(mutated("adds 1.29 pp over", "adds 2.29 pp over"), "2.29pp")  # a difference of two cells
     assert_caught(mutated("mean of 3 seeds", "mean of 5 seeds"), "'5 seeds'")
-    assert_caught(mutated("on three seeds of five", "on three seeds of four"), "'three seeds of four'")
+    assert_caught(mutated("on three seeds of five", "on three seeds of seven"), "'three seeds of seven'")
 
 
 def test_timing_and_settings_are_out_of_scope():
