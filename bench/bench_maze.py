@@ -27,7 +27,7 @@ from experiments.maze.model import build_model
 from experiments.maze.task import DONE_ID, EVAL_SET, PAD_ID, MazeTask
 from sera.advantages import maxrl
 from sera.allocation import uniform, waterline
-from sera.lm_loop import LOGPROB_BUCKETS, score
+from sera.lm_loop import score
 from sera.losses import pg_loss
 from sera.rollout import HFEngine, response_logprobs, shared_prompt_logprobs
 from sera.threads import set_torch_threads
@@ -79,7 +79,7 @@ def step_split(model, task, ids, prompts, counts) -> dict:
         optimizer.zero_grad(set_to_none=True)
         sub = rollouts.select(rows)
         if path == "shared-prompt":
-            logp = shared_prompt_logprobs(model, prompts, sub, PAD_ID, buckets=LOGPROB_BUCKETS)
+            logp = shared_prompt_logprobs(model, prompts, sub, PAD_ID)
         else:
             logp = response_logprobs(model, prompts, sub, PAD_ID)
         adv_t = torch.as_tensor(advantages, dtype=torch.float32)

@@ -95,7 +95,6 @@ class Task(Protocol):
 
 
 PARALLEL = ("ddp", "fsdp2")
-LOGPROB_BUCKETS = 8  # shared-prompt log-probs: length buckets a call (bench_maze: 2.9x over repeated-cache, 1.7x at 1)
 
 
 @dataclass(frozen=True)
@@ -345,7 +344,7 @@ def loss_logprobs(ls: LoopSettings, model, prompts, rollouts: Rollouts, pad_id: 
     """The rollouts' log-probs (N, T) for the loss, with gradients, by the path ls.logprobs names (equal up to float
     rounding; shared-prompt is the faster, in length buckets)."""
     if ls.logprobs == "shared-prompt":
-        return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature, buckets=LOGPROB_BUCKETS)
+        return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature)
     return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature)
 
 
