@@ -1,0 +1,54 @@
+"""Every archived LM run (results/runs/) is the run its scale config composes today.
+
+`make reproduce-maze` and `make reproduce-math` restore the archive into runs/ and skip a finished run only when the
+config the grid composes is the same run (sera.runlog.config_changes); a scale config edited or renamed without its
+archive would make the next grid refuse the restored seeds (or, renamed, run them again). The run's own choices
+(method and its allocation settings, seed) are taken from the archived config; everything else (the scale's steps,
+learning rates, SFT, evaluation, task, model) must come out of the scale config unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from sera.runlog import config_changes
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_CHOICES = ("method", "alloc", "seed")  # what a grid's command line sets per run, not the scale
+
+
+def archived_rl_configs() -> list[Path]:
+    return sorted(
+        path
+        for path in (ROOT / "results" / "runs").glob("*/**/config.yaml")
+        if not path.parent.name.startswith("base_seed-")
+    )
+
+
+@pytest.mark.parametrize("path", archived_rl_configs(), ids=lambda p: str(p.parent.relative_to(ROOT / "results")))
+def test_an_archived_run_is_what_its_scale_config_composes(path):
+    stored = yaml.safe_load(path.read_text())
+    experiment, scale = stored["experiment"], stored["scale_name"]
+    assert (ROOT / "configs" / "scale" / experiment / f"{scale}.yaml").exists(), (
+        f"{path.parent} was made at scale {scale!r}, which configs/scale/{experiment}/ no longer has"
+    )
+    overrides = [
+        f"scale={experiment}/{scale}",
+        f"method={stored['method']['name']}",
+        f"model.name={stored['model']['name']}",
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        composed = OmegaConf.to_container(compose(experiment, overrides=overrides), resolve=True)
+    composed.update({key: stored[key] for key in RUN_CHOICES if key in stored})
+    assert config_changes(stored, composed) == [], f"{path.parent} differs from scale={experiment}/{scale}"
+
+
+def test_the_archive_holds_runs_to_check():
+    """The check above is not vacuous: the committed archive has RL runs of both LM studies."""
+    experiments = {yaml.safe_load(p.read_text())["experiment"] for p in archived_rl_configs()}
+    assert {"maze", "math"} <= experiments
