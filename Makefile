@@ -108,7 +108,7 @@ IF_FINISHED ?= skip
 MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|cpu_earlier|paper (cpu: 800 steps, about 21 min a run on one thread, two side by side, and 3 min a seed for its base model; cpu_earlier, the previous default: about 27-37 min); MAZE_SEEDS=0,1,2
+reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|cpu_earlier|paper (cpu: 800 steps, 21-24 min a run on one thread, two side by side, GRPO 14, and 3.5 min a seed for its base model: about 1 h 45 min a seed; cpu_earlier, the previous default: about 27-37 min); MAZE_SEEDS=0,1,2
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS)
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
