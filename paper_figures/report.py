@@ -167,13 +167,14 @@ def publish(tables: list[Table], results: Path, force: set[str] = frozenset(), o
     committed table that differs is written over only when `force` names it. Returns the names written."""
     out = out or sys.stdout
     old_sections = committed_sections(results / REPORT, {t.title for t in tables})
-    written, sections = [], []
+    written, sections, unchanged = [], [], []
     for t in tables:
         if t.scale in SMOKE_SCALES:
             print(f"{t.name}: smoke scale, left in paper_figures/out/ only", file=out)
             continue
         committed = {name: (results / name).read_text() for name in t.files if (results / name).exists()}
         if committed == t.files:
+            unchanged.append(t)
             print(f"{t.name}: unchanged", file=out)
         elif not committed and not any(guard.measured(text) for text in markdown(t.files).values()):
             print(f"{t.name}: not added, nothing measured (every reproduced cell is 'not run')", file=out)
@@ -206,7 +207,23 @@ def publish(tables: list[Table], results: Path, force: set[str] = frozenset(), o
     if written:
         write_report(sections, results / REPORT)
         print(f"rewrote {results / REPORT} (the kept tables keep their committed sections)", file=out)
+    elif stale := [t for t in unchanged if stale_section(old_sections.get(t.title), t)]:
+        # tables committed by another route (copied from a build elsewhere) left their REPORT.md sections behind
+        text = (results / REPORT).read_text()
+        for t in stale:
+            text = text.replace(old_sections[t.title], t.section)
+        (results / REPORT).write_text(text)
+        names = ", ".join(t.name for t in stale)
+        print(f"rewrote {results / REPORT}: the sections of {names} differed from their unchanged tables", file=out)
     return written
+
+
+def stale_section(committed: str | None, table: Table) -> bool:
+    """A committed REPORT.md section that no longer shows its table's committed cells (the section's other lines,
+    such as how many runs the build found, may differ in a poorer build: those alone leave it as it is)."""
+    if committed is None or committed == table.section:
+        return False
+    return not all(text.strip() in committed for text in markdown(table.files).values())
 
 
 def kept_note(table: Table) -> str:

@@ -185,6 +185,25 @@ def test_fewer_seeds_in_one_row_keeps_the_whole_table_and_force_names_its_cells(
     assert "| 16 | SERA | reproduced (digits1000, cpu) | 1 |" in (results / "imagenet-cpu" / "table2.md").read_text()
 
 
+def test_a_stale_report_beside_unchanged_tables_is_rewritten(tmp_path, capsys):
+    """Tables committed by another route (copied from a build elsewhere) leave REPORT.md's section behind: a build
+    whose tables are all unchanged still rewrites REPORT.md to match them, and leaves a matching one alone."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    for seed in range(3):
+        classification_run(runs, "maxrl", seed, pass1=0.40)
+        classification_run(runs, "sera", seed, pass1=0.60)
+    tables = build(runs, tmp_path / "out", only=TABLE2)
+    publish(tables, results, capsys=capsys)
+    fresh = (results / report.REPORT).read_text()
+    (results / report.REPORT).write_text(fresh.replace("| 16 | SERA |", "| 16 | SERA (an old row) |"))
+
+    said = publish(tables, results, capsys=capsys)
+    assert f"{TABLE2}: unchanged" in said and f"the sections of {TABLE2} differed from their unchanged tables" in said
+    assert (results / report.REPORT).read_text() == fresh
+    said = publish(tables, results, capsys=capsys)
+    assert "rewrote" not in said and (results / report.REPORT).read_text() == fresh
+
+
 def test_a_richer_build_waits_for_the_explicit_choice(tmp_path, capsys):
     results, one, three = tmp_path / "results", tmp_path / "one", tmp_path / "three"
     for seed in range(3):
