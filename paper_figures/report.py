@@ -30,6 +30,7 @@ from paper_figures.runs import load_runs
 
 OUT = Path(__file__).parent / "out"
 REPORT = "REPORT.md"
+SETTINGS_LINE = 2  # a section's lines: its title, a blank line, the settings line of its runs, the table's text
 PREAMBLE = [
     "# Reproduced tables beside the paper's",
     "",
@@ -207,23 +208,32 @@ def publish(tables: list[Table], results: Path, force: set[str] = frozenset(), o
     if written:
         write_report(sections, results / REPORT)
         print(f"rewrote {results / REPORT} (the kept tables keep their committed sections)", file=out)
-    elif stale := [t for t in unchanged if stale_section(old_sections.get(t.title), t)]:
+    elif stale := {t.name: (part, t.section) for t in unchanged if (part := stale_part(old_sections.get(t.title), t))}:
         # tables committed by another route (copied from a build elsewhere) left their REPORT.md sections behind
         text = (results / REPORT).read_text()
-        for t in stale:
-            text = text.replace(old_sections[t.title], t.section)
+        for part, section in stale.values():
+            text = text.replace(part, section)
         (results / REPORT).write_text(text)
-        names = ", ".join(t.name for t in stale)
+        names = ", ".join(stale)
         print(f"rewrote {results / REPORT}: the sections of {names} differed from their unchanged tables", file=out)
     return written
 
 
-def stale_section(committed: str | None, table: Table) -> bool:
-    """A committed REPORT.md section that no longer shows its table's committed cells (the section's other lines,
-    such as how many runs the build found, may differ in a poorer build: those alone leave it as it is)."""
-    if committed is None or committed == table.section:
-        return False
-    return not all(text.strip() in committed for text in markdown(table.files).values())
+def stale_part(committed: str | None, table: Table) -> str | None:
+    """The part of a committed REPORT.md section that is out of step with this build's section of the same
+    (unchanged) table, or None. The part ends at the first heading the table's own section does not have
+    (committed_sections splits only at this build's titles, so a section can run on into the sections of tables this
+    build does not make); it is out of step when it differs in more than its settings line, which counts the runs
+    found and so changes in a poorer build while the tables stay."""
+    if committed is None:
+        return None
+    headings = {line for line in table.section.split("\n") if line.startswith("## ")}
+    lines = committed.split("\n")
+    end = next((i for i, line in enumerate(lines) if i and line.startswith("## ") and line not in headings), len(lines))
+    part = lines[:end]
+    fresh = table.section.split("\n")
+    del part[SETTINGS_LINE : SETTINGS_LINE + 1], fresh[SETTINGS_LINE : SETTINGS_LINE + 1]
+    return "\n".join(lines[:end]) if part != fresh else None
 
 
 def kept_note(table: Table) -> str:
