@@ -139,9 +139,7 @@ class SharedPromptDecoder:
     def _set_rows(self, prompt_of_row: torch.Tensor) -> None:
         self.prompt_of_row = prompt_of_row
         self.row_bias = self.pad_bias[prompt_of_row][None, :, None, :]  # (1, B, 1, L)
-        prompts, sizes = torch.unique_consecutive(prompt_of_row, return_counts=True)
-        ends = sizes.cumsum(0).tolist()
-        self.segments = list(zip(prompts.tolist(), [0, *ends[:-1]], ends, strict=True))  # (prompt, first, end) rows
+        self.segments = prompt_segments(prompt_of_row)
 
     def keep(self, kept: torch.Tensor) -> None:
         """Compact the batch to rows `kept` (ascending), response caches included."""
@@ -172,18 +170,34 @@ class SharedPromptDecoder:
         prompt_k, prompt_v = self.prompt_k[i], self.prompt_v[i]  # (P, H_kv, L, d)
         width = prompt_k.shape[2]
         scores = q.new_empty((kv_heads, rows, self.groups, width + t + 1))  # (H_kv, B, G, L + t + 1)
-        for g, a, b in self.segments:  # a prompt's rows against its keys, once
-            part = q[:, a:b].reshape(kv_heads, -1, d) @ prompt_k[g].transpose(1, 2)  # (H_kv, n_g G, L)
-            scores[:, a:b, :, :width] = part.view(kv_heads, b - a, self.groups, width)
+        to_keys = per_prompt(q, prompt_k.transpose(2, 3), self.segments)  # a prompt's rows against its keys, once
+        for (_, a, b), part in zip(self.segments, to_keys, strict=True):
+            scores[:, a:b, :, :width] = part  # (H_kv, n_g, G, L)
         scores[..., width:] = q @ self.resp_k[i][:, :, : t + 1].transpose(2, 3)  # own responses: (H_kv, B, G, t+1)
         scores.mul_(self.scaling)
         scores[..., :width] += self.row_bias
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = weights[..., width:] @ self.resp_v[i][:, :, : t + 1]  # (H_kv, B, G, d)
-        for g, a, b in self.segments:
-            part = weights[:, a:b, :, :width].reshape(kv_heads, -1, width) @ prompt_v[g]  # (H_kv, n_g G, d)
-            out[:, a:b] += part.view(kv_heads, b - a, self.groups, d)
+        to_values = per_prompt(weights[..., :width], prompt_v, self.segments)
+        for (_, a, b), part in zip(self.segments, to_values, strict=True):
+            out[:, a:b] += part  # (H_kv, n_g, G, d)
         return attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
+
+
+def prompt_segments(prompt_of_row: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(prompt, first row, end row) of each run of rows of one prompt, rows grouped by prompt."""
+    prompts, sizes = torch.unique_consecutive(prompt_of_row, return_counts=True)
+    ends = sizes.cumsum(0).tolist()
+    return list(zip(prompts.tolist(), [0, *ends[:-1]], ends, strict=True))
+
+
+def per_prompt(x: torch.Tensor, per: torch.Tensor, segments) -> list[torch.Tensor]:
+    """Each prompt's rows times that prompt's matrix, one matmul per prompt: x (H_kv, N, Q, k) with its rows grouped
+    by prompt, per (P, H_kv, k, m), segments [(prompt, first row, end row)]; a list of (H_kv, n, Q, m), one a segment.
+    Sampling (SharedPromptDecoder, Q = G query heads) and the loss's log-probs (`shared_prompt_logprobs`, Q = G x the
+    response's positions) meet the prompts' keys and values through it."""
+    heads, _, queries, k = x.shape
+    return [(x[:, a:b].reshape(heads, -1, k) @ per[g]).view(heads, b - a, queries, -1) for g, a, b in segments]
 
 
 class HFEngine:
@@ -401,8 +415,7 @@ def _layers_logprobs(model, prompt: PromptKV, tokens: torch.Tensor, row_of: torc
     d, groups, kv_heads = first.head_dim, first.num_key_value_groups, prompt.keys[0].shape[1]
     rows, width = tokens.shape
     queries = groups * width  # a key/value head's queries: its G query heads x the response
-    segments, sizes = torch.unique_consecutive(row_of, return_counts=True)
-    segments, sizes = segments.tolist(), sizes.tolist()
+    segments = prompt_segments(row_of)
     x = body.embed_tokens(tokens)  # (N, T, D)
     cos, sin = body.rotary_emb(x, prompt.next_pos[row_of][:, None] + torch.arange(width, device=x.device)[None, :])
     step = torch.arange(queries, device=x.device) % width  # the response position of each query
@@ -418,22 +431,17 @@ def _layers_logprobs(model, prompt: PromptKV, tokens: torch.Tensor, row_of: torc
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         q = (q * a.scaling).reshape(rows, kv_heads, queries, d)  # query head h = kv head h // G, as repeat_kv pairs
         keys, values = prompt.keys[i], prompt.values[i]
-        to_prompt = torch.cat([  # each prompt's rows against its keys, once: (N, H_kv, G T, L)
-            (part.transpose(0, 1).reshape(kv_heads, -1, d) @ keys[g].transpose(1, 2))
-            .view(kv_heads, n, queries, -1).transpose(0, 1)
-            for g, part, n in zip(segments, q.split(sizes), sizes, strict=True)
-        ])  # fmt: skip
+        to_keys = per_prompt(q.transpose(0, 1), keys.transpose(2, 3), segments)  # each prompt's rows against its keys
+        to_prompt = torch.cat([part.transpose(0, 1) for part in to_keys])  # (N, H_kv, G T, L)
         if pad_bias is not None:
             to_prompt = to_prompt + pad_bias
         scores = torch.cat([to_prompt, q @ k.transpose(2, 3) + causal], dim=-1)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         length = keys.shape[2]
         w_prompt, w_self = weights[..., :length], weights[..., length:]
-        attended = w_self @ v + torch.cat([
-            (part.transpose(0, 1).reshape(kv_heads, -1, length) @ values[g])
-            .view(kv_heads, n, queries, d).transpose(0, 1)
-            for g, part, n in zip(segments, w_prompt.split(sizes), sizes, strict=True)
-        ])  # fmt: skip
+        attended = w_self @ v + torch.cat(
+            [part.transpose(0, 1) for part in per_prompt(w_prompt.transpose(0, 1), values, segments)]
+        )
         attended = attended.view(rows, kv_heads, groups, width, d).permute(0, 3, 1, 2, 4).reshape(rows, width, -1)
         x = x + a.o_proj(attended)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
