@@ -11,7 +11,8 @@ follow paper_figures/runs.py. A base run that logs an answer-guessing floor (eva
 from the training answers' frequencies; guess_top_pass@k: the k commonest training answers) adds two rows with it.
 
 Scales with their own tables (CPU_TABLES): `--scale cpu` builds Table 1 and Table 5 for the CPU default, the
-from-scratch tiny-math model on generated chain sums (`--scale smoke` the same for the test scale's tiny model),
+from-scratch tiny-math model on generated chain sums (`--scale cpu_sft3000` and `cpu_earlier` for the earlier CPU
+defaults, `--scale smoke` for the test scale's tiny model),
 beside the paper's SmolLM2 numbers for the direction of the effect only (not comparable in absolute value); every
 other table, and every table at other scales, is the paper's.
 """
@@ -94,11 +95,14 @@ CPU_NOTE = (
     "GSM8K-Platinum. Its numbers are not comparable in absolute value with the paper's rows; compare the direction "
     "of the differences. The guessing rows are the floor a model that never reads the question reaches."
 )
+CHAIN_SUM_TABLES = {
+    "table1": (CPU_MODEL, ["chain-sum"], CPU_KS, "table1_smollm2_gsm8k_platinum.csv"),
+    "table5": (CPU_MODEL, ["chain-sum"], CPU_KS, "table5_smollm2_uncertainty.csv"),
+}
 CPU_TABLES = {  # scale -> tables built instead of the paper's of the same name
-    "cpu": {
-        "table1": (CPU_MODEL, ["chain-sum"], CPU_KS, "table1_smollm2_gsm8k_platinum.csv"),
-        "table5": (CPU_MODEL, ["chain-sum"], CPU_KS, "table5_smollm2_uncertainty.csv"),
-    },
+    "cpu": CHAIN_SUM_TABLES,
+    "cpu_sft3000": CHAIN_SUM_TABLES,  # the previous default (configs/scale/math/cpu_sft3000.yaml)
+    "cpu_earlier": CHAIN_SUM_TABLES,  # the default before issue 16
     "smoke": {  # the test scale's seconds-long runs: the same tables, end to end
         "table1": ("tiny-math-smoke", ["chain-sum"], [1, 2, 4, 8], "table1_smollm2_gsm8k_platinum.csv"),
         "table5": ("tiny-math-smoke", ["chain-sum"], [1, 2, 4, 8], "table5_smollm2_uncertainty.csv"),

@@ -322,7 +322,8 @@ def test_end_tokens_one_or_several():
 
 def test_the_earlier_cpu_default_keeps_the_settings_readme_quotes():
     """scale=math/cpu_earlier is the math CPU default before issue 16 (the TRL-against-the-loop comparison was measured
-    with it); scale=math/cpu is the calibrated one."""
+    with it); scale=math/cpu_sft3000 is issue 16's first calibration (README quotes its grid); scale=math/cpu is the
+    calibrated default."""
     earlier = config("scale=math/cpu_earlier", "method=sera")
     validate(earlier)
     assert (earlier.sft.steps, earlier.sft.noise_p, earlier.data.num_train, earlier.data.num_heldout) == (
@@ -332,11 +333,23 @@ def test_the_earlier_cpu_default_keeps_the_settings_readme_quotes():
         256,
     )
     assert (earlier.optim.lr, earlier.train.steps) == (1e-4, 200)
-    now = config("scale=math/cpu", "method=sera")
-    assert (now.sft.steps, now.sft.noise_p, now.data.num_train, now.optim.lr, now.train.steps) == (
+    first = config("scale=math/cpu_sft3000", "method=sera")
+    validate(first)
+    assert (first.sft.steps, first.sft.noise_p, first.data.num_train, first.optim.lr, first.train.steps) == (
         3000,
         0.9,
         5500,
         3e-4,
         800,
     )
+    assert first.train.logprobs == "repeated-cache"
+    now = config("scale=math/cpu", "method=sera")
+    validate(now)
+    assert (now.sft.steps, now.sft.noise_p, now.data.num_train, now.optim.lr, now.train.steps) == (
+        4000,
+        0.91,
+        5500,
+        3e-4,
+        800,
+    )
+    assert now.train.logprobs == "shared-prompt"
