@@ -52,7 +52,8 @@ MATH_TABLE1_LABELS = {
     "Base (after SFT)": "Base",
     "GRPO": "GRPO (token-mean)",
     "PKPO (T=16)": "PKPO (T=16) (token-mean)",
-    "DARS-HW (1.86x the rollouts)": "DARS-HW (token-mean)",
+    "DARS-HW (1.86x the rollouts)": "DARS-HW (token-mean)",  # the previous default's
+    "DARS-HW (1.84x the rollouts)": "DARS-HW (token-mean)",
 }
 LABEL_ALIASES = {  # results file -> {README row label: results row label}
     "cpu/math-cpu/table1.md": MATH_TABLE1_LABELS,
