@@ -128,7 +128,7 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # DARS-HW runs were made with this cap.
 MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_sft3000|cpu_earlier (cpu: tiny-math on chain sums; one thread a run, two side by side: a seed's base model 8 min, MaxRL 13-14 min, SERA 15-17, GRPO 13, DARS-HW 22; cpu_sft3000, the previous default: 7 runs a seed, about 2 h 20 min); MATH_SEEDS=0,1,2 | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
+reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_sft3000|cpu_earlier (cpu: tiny-math on chain sums; one thread a run, two side by side: a seed's base model 8 min, MaxRL 13-14 min, SERA 15-17, GRPO 13, PKPO 8, DARS-HW 22: about 1 h 50 min a seed; cpu_sft3000, the previous default: 7 runs a seed, about 2 h 20 min); MATH_SEEDS=0,1,2 | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
