@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from experiments.math import model as math_model
 from experiments.math import train as math_train
@@ -320,36 +320,22 @@ def test_end_tokens_one_or_several():
         end_tokens(["<eos>", "<|im_end|>"], tokenizer, "tiny-math")
 
 
-def test_the_earlier_cpu_default_keeps_the_settings_readme_quotes():
-    """scale=math/cpu_earlier is the math CPU default before issue 16 (the TRL-against-the-loop comparison was measured
-    with it); scale=math/cpu_sft3000 is issue 16's first calibration (README quotes its grid); scale=math/cpu is the
-    calibrated default."""
-    earlier = config("scale=math/cpu_earlier", "method=sera")
-    validate(earlier)
-    assert (earlier.sft.steps, earlier.sft.noise_p, earlier.data.num_train, earlier.data.num_heldout) == (
-        400,
-        0,
-        1024,
-        256,
-    )
-    assert (earlier.optim.lr, earlier.train.steps) == (1e-4, 200)
-    first = config("scale=math/cpu_sft3000", "method=sera")
-    validate(first)
-    assert (first.sft.steps, first.sft.noise_p, first.data.num_train, first.optim.lr, first.train.steps) == (
-        3000,
-        0.9,
-        5500,
-        3e-4,
-        800,
-    )
-    assert first.train.logprobs == "repeated-cache"
-    now = config("scale=math/cpu", "method=sera")
-    validate(now)
-    assert (now.sft.steps, now.sft.noise_p, now.data.num_train, now.optim.lr, now.train.steps) == (
-        4000,
-        0.91,
-        5500,
-        3e-4,
-        800,
-    )
-    assert now.train.logprobs == "shared-prompt"
+CPU_SCALE_SETTINGS = {  # the settings README quotes for each math CPU scale
+    # the default before issue 16 (the TRL-against-the-loop comparison was measured with it)
+    "cpu_earlier": {"sft.steps": 400, "sft.noise_p": 0, "data.num_train": 1024, "data.num_heldout": 256,
+                    "optim.lr": 1e-4, "train.steps": 200},
+    # issue 16's first calibration (README quotes its grid)
+    "cpu_sft3000": {"sft.steps": 3000, "sft.noise_p": 0.9, "data.num_train": 5500, "optim.lr": 3e-4,
+                    "train.steps": 800, "train.logprobs": "repeated-cache"},
+    # the calibrated default
+    "cpu": {"sft.steps": 4000, "sft.noise_p": 0.91, "data.num_train": 5500, "optim.lr": 3e-4, "train.steps": 800,
+            "train.logprobs": "shared-prompt"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", sorted(CPU_SCALE_SETTINGS))
+def test_the_cpu_scales_keep_the_settings_readme_quotes(scale):
+    cfg = config(f"scale=math/{scale}", "method=sera")
+    validate(cfg)
+    expected = CPU_SCALE_SETTINGS[scale]
+    assert {key: OmegaConf.select(cfg, key) for key in expected} == expected
