@@ -78,9 +78,13 @@ bench-vllm: install install-vllm ## tokens/s of HFEngine (.venv) against VLLMEng
 	$(VLLM_ENV) $(VLLM_PY) -m bench.bench_vllm --hf-python $(PY) $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
 
 SEEDS ?= 0,1,2
+# The numeric kernel level (sera/numerics.py): a grid runs at the level its committed runs recorded, so a rerun takes
+# the float path that made them and new seeds join at it; SERA_NUMERICS=... on the command line overrides it.
+LEVEL = SERA_NUMERICS=$${SERA_NUMERICS:-$$($(PY) -m paper_figures.numerics level $(1))}
+COMPARE = $(PY) -m paper_figures.numerics compare
 # Results depend on the torch thread count (float summation order): one thread, so they do not depend on how busy
 # the machine is when threads=auto resolves.
-IMAGENET := $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1
+IMAGENET = $(call LEVEL,imagenet-$(SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1
 
 reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=cpu|paper; SEEDS=0,1,2
 	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(SEEDS)
@@ -88,8 +92,10 @@ reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=
 ifeq ($(SCALE),cpu)
 	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera n0=16,128 seed=0
 	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
+	$(COMPARE) imagenet-cpu_scratch
 endif
 	$(PY) -m paper_figures.imagenet table2 --scale $(SCALE)
+	$(COMPARE) imagenet-$(SCALE)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16), SCALE=cpu|paper
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 seed=$(SEEDS)
@@ -105,7 +111,7 @@ ARCHIVE := $(PY) -m paper_figures.archive
 # IF_FINISHED=extend (maze and math): a run of the same config but fewer train.steps, with its checkpoint in runs/,
 # continues to the new length instead of being refused; it then equals a fresh run of that length (sera.runlog).
 IF_FINISHED ?= skip
-MAZE := $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
+MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
 reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|cpu_earlier|paper (cpu: 800 steps, 21-24 min a run on one thread, two side by side, GRPO 14, and 3.5 min a seed for its base model: about 1 h 45 min a seed; cpu_earlier, the previous default: about 27-37 min); MAZE_SEEDS=0,1,2
@@ -114,8 +120,9 @@ reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and 
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
+	$(COMPARE) maze-$(SCALE)
 
-MATH := $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1
+MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MATH_SEEDS ?= 0
 MODEL ?= smollm2-360m-instruct
 MATH_PAPER_smollm2-360m-instruct := math/paper
@@ -140,6 +147,7 @@ else
 endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
+	$(COMPARE) math-$(SCALE)
 
 # The sequential grid (DESIGN section 4). maxrl and sara+maxrl separate SARA+SERA's advantage from its allocation.
 # DPS_FAIR: DPS on the classifier with its history kept between visits (the DPS authors' MATH decay 0.7, and a pool of

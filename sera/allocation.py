@@ -20,7 +20,8 @@ def scale_factor(p, n, delta: float = 1):
     """
     p = np.asarray(p, dtype=np.float64)
     exponent = np.maximum(np.asarray(n, dtype=np.float64) - delta, 0.0)
-    return -np.expm1(exponent * np.log1p(-p))
+    with np.errstate(divide="ignore"):  # p = 1: log1p(-1) = -inf, and c = -expm1(-inf) = 1, the right limit
+        return -np.expm1(exponent * np.log1p(-p))
 
 
 def uniform(num_prompts: int, n0: int) -> np.ndarray:

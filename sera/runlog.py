@@ -253,10 +253,11 @@ class RunDir:
                     f"{self.path} holds a finished run (DONE exists); refusing to overwrite it. "
                     "Delete the directory or choose another run name or seed."
                 )
+            self.resumed = (self.path / CONFIG_FILE).exists()
+            self._record_numerics()
         except Exception:
             self.close()
             raise
-        self.resumed = (self.path / CONFIG_FILE).exists()
         _atomic_write(self.path / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
         self.metrics_file = self.path / METRICS_FILE
         self.checkpoint_file = self.path / CHECKPOINT_FILE
@@ -273,6 +274,25 @@ class RunDir:
                 resume="allow",
                 id=self.path.name,
             )
+
+    def _record_numerics(self) -> None:
+        """Write the numeric fingerprint (sera.numerics) of a new run; refuse to resume a run at another kernel level
+        than it started with, which would splice two float paths into one record."""
+        from sera.numerics import NUMERICS_FILE, fingerprint
+
+        now = fingerprint()
+        recorded_file = self.path / NUMERICS_FILE
+        if recorded_file.exists():
+            recorded = json.loads(recorded_file.read_text())
+            keys = ("level", "torch_cpu_capability")
+            if any(recorded.get(k) != now[k] for k in keys):
+                raise RunExistsError(
+                    f"{self.path} was started at numerics {[recorded.get(k) for k in keys]} and this process runs at "
+                    f"{[now[k] for k in keys]}; resume it with SERA_NUMERICS={recorded.get('level')} (or delete it to "
+                    "start over at this level)"
+                )
+            return
+        _atomic_write(recorded_file, json.dumps(now, indent=1) + "\n")
 
     def __enter__(self) -> RunDir:
         return self

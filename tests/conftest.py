@@ -9,6 +9,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
+# The numeric kernel level before anything loads torch (sera.numerics): the tests run at the level the runs do.
+from sera.numerics import pin  # noqa: E402
+
+pin()
+
 CHILD_OUTPUT_CHARS = 20_000  # the tail of a failed child's output that a report shows
 
 

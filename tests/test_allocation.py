@@ -1,6 +1,7 @@
 """SERA's allocation against brute force, its invariants (hypothesis), and DARS-HW's schedule."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +17,14 @@ def brute_force_maxmin(p_hat, budget, n_min, n_max, delta):
         if sum(n) == budget:
             best = max(best, scale_factor(np.array(p_hat), np.array(n), delta).min())
     return best
+
+
+def test_scale_factor_at_p_one_is_one_without_a_warning():
+    # a prompt solved with certainty (the classifier's exact p reaches 1.0 in float32) is not attenuated at all
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = scale_factor(np.array([1.0, 1.0, 0.5]), np.array([16, 2, 2]))
+    assert c.tolist() == [1.0, 1.0, 0.5]
 
 
 def test_scale_factor_closed_form():
