@@ -171,10 +171,12 @@ def fit_beta_prior(probe_successes, k0: int, clip: tuple[float, float] = PRIOR_C
     Each group's first k0 outcomes are an unbiased sample of its prompt, whatever happened to the group later, so with
     p_g = s_g / k0 (G,): mu = mean p_g, v = var p_g, the intra-prompt correlation
     rho = (k0 v / (mu (1 - mu)) - 1) / (k0 - 1) = 1 / (a0 + b0 + 1), a0 + b0 = 1 / rho - 1, a0 = mu (a0 + b0),
-    b0 = (1 - mu)(a0 + b0), each clipped to `clip`. rho <= 0 (no spread beyond the binomial's) or mu in {0, 1} give an
-    unbounded mass and the clip decides: both parameters at the upper clip, or (mu = 0) a0 at the lower and b0 at the
-    upper clip (mirrored for mu = 1). A saturated population (p near 0 or 1) gives rho near 1 and both parameters near
-    the lower clip. Returns floats (a0, b0). DESIGN section 4.
+    b0 = (1 - mu)(a0 + b0), each clipped to `clip`. The prior keeps the window's mean: the mass is capped at what the
+    upper clip allows with the mean kept, a0 + b0 = min(1 / rho - 1, hi / max(mu, 1 - mu)), and rho <= 0 (no spread
+    beyond the binomial's, e.g. no probe in the window is k0/k0) takes the cap, so a population at 6.5% gives about
+    (3.5, 50), never (50, 50), and abandons its 0/k0 probes. mu = 0 gives (lo, hi), mu = 1 (hi, lo). A saturated
+    population (p near 0 or 1) gives rho near 1 and both parameters near the lower clip. Returns floats (a0, b0).
+    DESIGN section 4.
     """
     s = np.asarray(probe_successes, dtype=np.float64).reshape(-1)
     if k0 < 2:
@@ -185,15 +187,13 @@ def fit_beta_prior(probe_successes, k0: int, clip: tuple[float, float] = PRIOR_C
         raise ValueError(f"probe successes must lie in [0, k0={k0}]")
     p = s / k0
     mu, v = float(p.mean()), float(p.var())
-    if 0 < mu < 1:
-        rho = (k0 * v / (mu * (1 - mu)) - 1) / (k0 - 1)
-        mass = np.inf if rho <= 0 else 1 / rho - 1
-    else:
-        mass = np.inf
-    a0 = mu * mass if mu > 0 else 0.0
-    b0 = (1 - mu) * mass if mu < 1 else 0.0
     lo, hi = clip
-    return float(np.clip(a0, lo, hi)), float(np.clip(b0, lo, hi))
+    if mu in (0.0, 1.0):  # every probe all-fail (or all-succeed): all the mass on that side
+        return (lo, hi) if mu == 0 else (hi, lo)
+    rho = (k0 * v / (mu * (1 - mu)) - 1) / (k0 - 1)
+    cap = hi / max(mu, 1 - mu)  # SARA: the largest mass whose a0 and b0 both fit under the clip with the mean kept
+    mass = cap if rho <= 0 else min(1 / rho - 1, cap)
+    return float(np.clip(mu * mass, lo, hi)), float(np.clip((1 - mu) * mass, lo, hi))
 
 
 class SaraPrior:

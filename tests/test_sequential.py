@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import betabinom
+from scipy.stats import betabinom, binom
 
 from sera.sequential import (
     PRIOR_CLIP,
@@ -205,6 +205,50 @@ def test_fit_beta_prior_at_the_clip():
     for args, match in [((np.zeros(0), 2), "no probes"), ((np.ones(3), 1), "k0 >= 2"), ((np.full(3, 3), 2), "lie in")]:
         with pytest.raises(ValueError, match=match):
             fit_beta_prior(*args)
+
+
+def binomial_window(mu: float, k0: int = 2, size: int = 2000) -> np.ndarray:
+    """Probes with no spread beyond the binomial's (rho <= 0): every prompt at p = mu, counts laid out exactly at the
+    binomial frequencies so the moments are mu and the binomial variance."""
+    freq = np.round(binom.pmf(np.arange(k0 + 1), k0, mu) * size).astype(int)
+    return np.repeat(np.arange(k0 + 1), freq)
+
+
+@pytest.mark.parametrize("mu", [0.02, 0.065, 0.5, 0.9])
+def test_fit_beta_prior_keeps_the_mean_without_over_dispersion(mu):
+    """rho <= 0 takes the largest mass the upper clip allows with the window's mean kept, not (hi, hi)."""
+    lo, hi = PRIOR_CLIP
+    probes = binomial_window(mu)
+    a0, b0 = fit_beta_prior(probes, 2)
+    assert a0 / (a0 + b0) == pytest.approx(probes.mean() / 2, rel=1e-9)
+    assert max(a0, b0) == pytest.approx(hi) and min(a0, b0) >= lo
+
+
+@pytest.mark.parametrize("mu", [0.02, 0.065, 0.5, 0.9])
+def test_fit_beta_prior_keeps_the_mean_when_the_fitted_mass_exceeds_the_clip(mu):
+    """rho > 0 but 1 / rho - 1 above what the clip allows: capping the mass, not one parameter, keeps the mean."""
+    rng = np.random.default_rng(3)
+    probes = rng.binomial(2, rng.beta(mu * 400, (1 - mu) * 400, 200_000))  # mass 400, rho = 1/401
+    a0, b0 = fit_beta_prior(probes, 2)
+    assert a0 / (a0 + b0) == pytest.approx(probes.mean() / 2, rel=1e-9)
+    assert max(a0, b0) == pytest.approx(PRIOR_CLIP[1])
+
+
+def test_a_low_mean_population_abandons_all_fail_probes():
+    """The defect the mean-keeping cap fixes: at 6.5% with no k0/k0 probe in the window, (50, 50) said a 0/2 probe
+    will most likely turn mixed and committed it; the fitted prior abandons it, and commits a mixed one."""
+    probes = np.repeat([1, 0], [130, 870])  # every success a lone 1/2: mu = 6.5%, rho < 0
+    a0, b0 = fit_beta_prior(probes, 2)
+    n = 8  # the SARA grids' group size
+    assert sara_decision(np.array([0]), np.array([2]), n, a0, b0).tolist() == [SaraAction.ABANDON]
+    assert sara_decision(np.array([1]), np.array([1]), n, a0, b0).tolist() == [SaraAction.COMMIT]
+    assert sara_decision(np.array([0]), np.array([2]), n, 50.0, 50.0).tolist() == [SaraAction.COMMIT]  # the old fit
+
+
+@pytest.mark.parametrize("probes, expected", [(np.zeros(200), "lo, hi"), (np.full(200, 2), "hi, lo")])
+def test_fit_beta_prior_of_an_all_equal_window(probes, expected):
+    lo, hi = PRIOR_CLIP
+    assert fit_beta_prior(probes, 2) == {"lo, hi": (lo, hi), "hi, lo": (hi, lo)}[expected]
 
 
 def test_population_prior_is_flat_until_data_then_fits_the_last_window_steps():
