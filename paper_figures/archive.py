@@ -97,6 +97,10 @@ def restore(archive: Path, runs: Path) -> list[Path]:
     """Copy back the archived runs that `runs` lacks, marked ARCHIVED; returns them. A run directory that exists is
     left as it is (a different config there is refused when that run is next started or skipped)."""
     back = []
+    record = archive / NUMERICS_FILE  # what was found out later about runs that recorded no fingerprint
+    if record.exists() and not (runs / NUMERICS_FILE).exists():
+        runs.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(record, runs / NUMERICS_FILE)
     for rel in finished_runs(archive):
         source, target = archive / rel, runs / rel
         if target.exists():

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from paper_figures import guard, imagenet, maze, sara
 from paper_figures import math as math_tables
+from paper_figures.numerics import describe, run_fingerprints
 from paper_figures.runs import load_runs
 
 OUT = Path(__file__).parent / "out"
@@ -73,7 +74,8 @@ def markdown(files: dict[str, str]) -> dict[str, str]:
 
 
 def settings_line(root: Path) -> str:
-    """Scale, steps and budget (B x n0) of the runs in one folder, as found in their configs."""
+    """Scale, steps and budget (B x n0) of the runs in one folder, as found in their configs, and the numeric
+    fingerprints they recorded (paper_figures.numerics)."""
     runs = load_runs(root, report=io.StringIO())
     if not runs:
         return f"No runs under `{root}`: every reproduced cell below is 'not run'."
@@ -86,7 +88,7 @@ def settings_line(root: Path) -> str:
         key=repr,
     )
     parts = [f"scale={s}, steps={t}, budget={b}x{n}={b * n if b and n else '?'}" for s, t, b, n in seen]
-    return f"{len(runs)} runs under `{root}`: " + "; ".join(parts)
+    return f"{len(runs)} runs under `{root}`: " + "; ".join(parts) + f"; {describe(run_fingerprints(root))}"
 
 
 def plan(runs_root: Path, scale: str, math_scale: str = "paper") -> list[Job]:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import yaml
 
-from paper_figures import archive
+from paper_figures import archive, numerics
 from paper_figures.runs import load_runs
 from sera.lm_study import base_run
 from sera.runlog import ARCHIVED_FILE, RunDir, finished_summary
@@ -37,7 +37,7 @@ def test_save_keeps_records_only_and_never_writes_over_an_archived_run(tmp_path)
     saved = archive.save(runs, store)
     assert [str(p) for p in saved] == ["maxrl_seed-0", "tiny-math/sera_seed-0"]
     files = sorted(p.name for p in (store / "maxrl_seed-0").iterdir())
-    assert files == ["DONE", "config.yaml", "eval_step3_heldout.json", "metrics.jsonl.gz"]
+    assert files == ["DONE", "config.yaml", "eval_step3_heldout.json", "metrics.jsonl.gz", "numerics.json"]
     original = (runs / "maxrl_seed-0" / "metrics.jsonl").read_bytes()
     assert gzip.decompress((store / "maxrl_seed-0" / "metrics.jsonl.gz").read_bytes()) == original
     assert archive.save(runs, store) == []  # already archived, same config: left alone
@@ -113,3 +113,15 @@ def test_command_line_restores_every_archived_folder_and_skips_smoke(tmp_path, c
     assert "1 run(s)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         archive.main(["save", *args])
+
+
+def test_restore_brings_the_folder_record_of_runs_that_recorded_no_fingerprint(tmp_path):
+    runs, store = tmp_path / "runs", tmp_path / "archive"
+    make_run(runs / "maxrl_seed-0", CONFIG)
+    archive.save(runs, store)
+    (store / "maxrl_seed-0" / "numerics.json").unlink()  # made before runs recorded one
+    (store / "numerics.json").write_text(json.dumps({"level": "avx512", "recorded": False}))
+    back = tmp_path / "back"
+    archive.restore(store, back)
+    assert json.loads((back / "numerics.json").read_text())["level"] == "avx512"
+    assert numerics.run_fingerprints(back) == [{"level": "avx512", "recorded": False}]
