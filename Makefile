@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
+.PHONY: help install test test-fast docs test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -27,8 +27,14 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv and install the pinned environment (constraints.txt)
 
-test: install ## run the test suite (CPU, offline, a few minutes)
-	$(PY) -m pytest -q tests
+test: install ## run the test suite (CPU, offline, about 5 minutes alone) and print the slowest tests
+	$(PY) -m pytest -q --durations=15 tests
+
+test-fast: install ## the test suite without the slow end-to-end runs (marked slow), for the edit-test loop
+	$(PY) -m pytest -q -m "not slow" --durations=10 tests
+
+docs: install ## build the documentation site into site/ (mkdocs, strict: a broken link or a page left out fails)
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 test-gpu: install ## GPU machines only: the LM paths on CUDA (engine and step against the CPU, bf16, entry points, TRL in bf16)
 	$(PY) -m pytest -q tests/gpu
@@ -114,7 +120,7 @@ IF_FINISHED ?= skip
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze navigation): base SFT, GRPO, MaxRL and SERA x token-mean/seqnorm, SCALE=cpu|cpu_earlier|paper (cpu: 800 steps, 21-24 min a run on one thread, two side by side, GRPO 14, and 3.5 min a seed for its base model: about 1 h 45 min a seed; cpu_earlier, the previous default: about 27-37 min); MAZE_SEEDS=0,1,2
+reproduce-maze: install ## Table 4 (maze): base model, GRPO, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_earlier|paper, MAZE_SEEDS=0,1,2 (cpu: about 1 h 45 min a seed)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS)
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
@@ -135,7 +141,7 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # DARS-HW runs were made with this cap.
 MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model + GRPO, PKPO, DARS-HW, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_sft3000|cpu_earlier (cpu: tiny-math on chain sums; one thread a run, two side by side: a seed's base model 8 min, MaxRL 13-14 min, SERA 15-17, GRPO 13, PKPO 8, DARS-HW 22: about 1 h 50 min a seed; cpu_sft3000, the previous default: 7 runs a seed, about 2 h 20 min); MATH_SEEDS=0,1,2 | SCALE=paper MODEL=smollm2-360m-instruct (GPUs; MODEL=qwen2.5-math-1.5b|qwen3-4b-base: Tables 6-9, MaxRL and SERA)
+reproduce-math: install ## Tables 1, 5 (math): base model, GRPO, PKPO, DARS-HW, MaxRL and SERA; SCALE=cpu|cpu_sft3000|cpu_earlier|paper, MATH_SEEDS=0,1,2, MODEL= (cpu: about 1 h 50 min a seed)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
@@ -149,7 +155,7 @@ endif
 	$(PY) -m paper_figures.math --scale $(SCALE)
 	$(COMPARE) math-$(SCALE)
 
-# The sequential grid (DESIGN section 4). maxrl and sara+maxrl separate SARA+SERA's advantage from its allocation.
+# The sequential grid (docs/design.md section 4). maxrl and sara+maxrl separate SARA+SERA's advantage from its allocation.
 # DPS_FAIR: DPS on the classifier with its history kept between visits (the DPS authors' MATH decay 0.7, and a pool of
 # 64 B = 16,384 of the 50,000 images, so each image is a candidate about every 3 steps) beside the default (decay 0.5,
 # pool 8 B: a candidate every ~24 steps, its counts decayed to nothing in between).
@@ -161,7 +167,7 @@ SARA_STUDIES ?= imagenet,maze,math
 comma := ,
 SARA_RUN = $(filter $(1),$(subst $(comma), ,$(SARA_STUDIES)))
 
-reproduce-sara: install ## sequential allocation: GRPO, MaxRL, DS, DPS, SARA, SARA+DPS, SARA+SERA, SARA+MaxRL; SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
+reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
 	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
 	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=dps $(DPS_FAIR) seed=$(SARA_SEEDS))
 	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=sara $(SARA_FLAT) seed=$(SARA_SEEDS))
@@ -171,9 +177,10 @@ reproduce-sara: install ## sequential allocation: GRPO, MaxRL, DS, DPS, SARA, SA
 
 # results/SCALE/ holds the measured tables README.md quotes: a committed table is written over only with FORCE (1: every
 # table; or names and folders: FORCE=imagenet-cpu/table2,maze-cpu), which prints each changed cell (paper_figures/guard.py)
-tables: install ## rebuild every table into paper_figures/out/ (REPORT.md) and add new measured ones to results/SCALE/; committed tables are kept (it says why) unless FORCE=1 or FORCE=<table>,... (prints the changed cells)
+tables: install ## rebuild every table into paper_figures/out/ and add new ones to results/SCALE/ (committed tables kept unless FORCE=1|<table>,...)
 	$(ARCHIVE) restore
 	$(PY) -m paper_figures.report --scale $(SCALE) --runs runs --out paper_figures/out --results results/$(SCALE) $(if $(FORCE),--force $(FORCE))
+	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.claims --results results/cpu)
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 

@@ -12,7 +12,7 @@ The problems come from the math study (`experiments/math/data.py`: a registry sl
 .jsonl/.parquet file, or a generated family such as chain_sum); the reward is its grading (math-verify on the last
 \\boxed{}, 0 for a completion cut at the length limit). `--vllm server` generates on a `trl vllm-serve` process,
 `--vllm colocate` inside each training process. Settings not given here are GRPOConfig's; the defaults below are
-the MaxRL authors' Qwen settings where the SERA paper is silent (DESIGN.md section 5).
+the MaxRL authors' Qwen settings where the SERA paper is silent (docs/design.md section 5).
 """
 
 from __future__ import annotations

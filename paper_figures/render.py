@@ -66,7 +66,7 @@ def write_table(out_stem: Path, header: list[str], rows: list[list], digits: int
 
 
 def read_reference(name: str) -> list[dict]:
-    """A paper table from paper_figures/reference/ (copied from shared/paper/tables)."""
+    """A paper table from paper_figures/reference/ (the paper's tables, as CSV)."""
     with open(Path(__file__).parent / "reference" / name) as f:
         return list(csv.DictReader(f))
 

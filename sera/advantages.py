@@ -1,4 +1,4 @@
-"""Per-rollout advantages for ragged groups of binary rewards (shared/DESIGN.md sections 1 and 4).
+"""Per-rollout advantages for ragged groups of binary rewards (docs/design.md sections 1 and 4).
 
 Pure numpy (no torch). A step's rollouts come as `(rewards, counts)`: rewards (N,) flat, prompt i owning the next
 counts[i] entries, N = sum(counts). Every function returns flat advantages (N,). The loss averages over rollouts,
@@ -50,7 +50,7 @@ def rloo(rewards, counts) -> np.ndarray:
 
 
 def maxrl(rewards, counts, keep_cv_on_zero: bool = False) -> np.ndarray:
-    """MaxRL: A_j = (r_j - mean) / mean = n r_j / K - 1, so g = sum_j (r_j / K - 1/n) S_j (DESIGN section 1).
+    """MaxRL: A_j = (r_j - mean) / mean = n r_j / K - 1, so g = sum_j (r_j / K - 1/n) S_j (docs/design.md section 1).
 
     All-fail groups (K = 0) get A = 0 by default: the control variate is dropped with the success term, and
     E[g] = (1 - (1-p)^(n-1)) grad log p (delta = 1). With keep_cv_on_zero they get A = -1, giving
@@ -68,7 +68,7 @@ def _log_binom(n, k):
 
 
 def pkpo(rewards, counts, k: int = 16) -> np.ndarray:
-    """PKPO pass@k transform for binary rewards, then a leave-one-out baseline (DESIGN section 4).
+    """PKPO pass@k transform for binary rewards, then a leave-one-out baseline (docs/design.md section 4).
 
     Correct samples get g = (k / n) C(n - c, k - 1) / C(n - 1, k - 1), incorrect g = 0 (binomials in log space);
     the advantage is g_j minus the mean of the other n - 1 transformed rewards. Needs n_i >= k for every group.
@@ -87,7 +87,7 @@ ADVANTAGES = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "maxrl": maxrl, "p
 
 
 def multiplicity_weights(counts, n0: int) -> np.ndarray:
-    """SERA's multiplicity correction: per-rollout weights w = n0 / n_i (N,) (DESIGN section 2).
+    """SERA's multiplicity correction: per-rollout weights w = n0 / n_i (N,) (docs/design.md section 2).
 
     Averaging the loss over all R rollouts weights prompt i by n_i / n0; w undoes that, so every prompt keeps the
     weight it would have under uniform allocation and E[step gradient] = (1/B) sum_i c(p_i, n_i) grad log p_i.

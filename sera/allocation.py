@@ -1,6 +1,6 @@
 """Rollout allocators: how a step's budget of R = B * n0 rollouts is split across its B prompts.
 
-Pure numpy (no torch). `uniform` is the baseline, `waterline` is SERA's max-min allocation (shared/DESIGN.md
+Pure numpy (no torch). `uniform` is the baseline, `waterline` is SERA's max-min allocation (docs/design.md
 section 2), `dars_hw_extra` is the DARS-HW baseline's second stage (section 4). `scale_factor` is the finite-rollout
 attenuation c(p, n) of the MaxRL estimator (section 1) that SERA equalises.
 """
@@ -15,8 +15,8 @@ _FLOOR_EPS = 1e-9  # floors are taken just below the continuous value so roundin
 def scale_factor(p, n, delta: float = 1):
     """Finite-rollout scale factor of the MaxRL estimator: c(p, n) = 1 - (1 - p)^(n - delta).
 
-    E[g] = c(p, n) grad log p (DESIGN section 1); delta = 1 for the default estimator, 0 when the control variate
-    is kept on all-fail groups. Broadcasts p and n; an exponent below zero is treated as zero (c = 0).
+    E[g] = c(p, n) grad log p (docs/design.md section 1); delta = 1 for the default estimator, 0 when the control
+    variate is kept on all-fail groups. Broadcasts p and n; an exponent below zero is treated as zero (c = 0).
     """
     p = np.asarray(p, dtype=np.float64)
     exponent = np.maximum(np.asarray(n, dtype=np.float64) - delta, 0.0)
@@ -55,7 +55,7 @@ def continuous_waterline(p_hat, budget: int, n_min: int, n_max: int, delta: floa
     lam is the root of sum_i n_i(lam) = budget, found exactly: the sum is piecewise linear and nondecreasing in
     lam with breakpoints (n_min - delta) a_i and (n_max - delta) a_i, so it is evaluated at all sorted breakpoints
     and the crossing segment is solved linearly. Where the sum is flat at the budget (every prompt clipped), the
-    smallest root is taken. Returns (n_cont (B,), lam). O(B log B). DESIGN section 2.
+    smallest root is taken. Returns (n_cont (B,), lam). O(B log B). docs/design.md section 2.
     """
     p_hat = np.asarray(p_hat, dtype=np.float64)
     _check_waterline_inputs(p_hat, budget, n_min, n_max, delta)
@@ -96,7 +96,7 @@ def waterline(p_hat, budget: int, n_min: int, n_max: int, delta: float = 1, retu
     above every optimum, so a second greedy restarts from the smallest allocation reaching the first pass's max-min
     level (a lower bound of every optimum); the greedy from a lower bound is optimal for max-min of separable
     increasing functions (tests compare with brute force). Shapes: p_hat (B,) in (0, 1) -> int64 (B,). With
-    return_tau, also returns the continuous waterline level tau = 1 - exp(-lam). DESIGN section 2.
+    return_tau, also returns the continuous waterline level tau = 1 - exp(-lam). docs/design.md section 2.
     Raises ValueError when p_hat is outside (0, 1) or the budget is infeasible.
     """
     p_hat = np.asarray(p_hat, dtype=np.float64)
@@ -120,7 +120,7 @@ def dars_hw_extra(accuracy, n0: int, n_max: int) -> np.ndarray:
     """DARS-HW stage 2: extra rollouts ceil(n0 / (2 a) - n0) per prompt, 0 when a >= 0.5, capped at n_max - n0.
 
     accuracy (B,) is the stage-1 success rate from n0 rollouts; a = 0 is replaced by 1 / (2 n0). DARS adds rollouts
-    rather than redistributing them, so its budget exceeds B * n0 (report it). DESIGN section 4.
+    rather than redistributing them, so its budget exceeds B * n0 (report it). docs/design.md section 4.
     """
     a = np.asarray(accuracy, dtype=np.float64)
     if np.any((a < 0) | (a > 1)):

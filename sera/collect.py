@@ -10,7 +10,7 @@ and the rows of the concatenated payloads to train on, in the same grouped order
 `SAMPLERS`: its collection function and what it needs (p_hat, a prompt stream, DPS's predictor, SARA's prior), which
 validation, the loops and the tables read from there; what a sequential allocator carries from step to step is one
 `SequentialState` (`sequential_state`), which the loops create, pass to `collect` and checkpoint. Pure numpy;
-DESIGN.md sections 2-4.
+docs/design.md sections 2-4.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, **_) -> Collect
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sequential allocators (DESIGN section 4): they take prompts from the stream as they go and drop some groups.
+# Sequential allocators (docs/design.md section 4): they take prompts from the stream as they go and drop some groups.
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class SequentialState:
@@ -379,7 +379,7 @@ def collect(
 
 def advantages_and_weights(s: MethodSettings, out: Collected) -> tuple[np.ndarray, np.ndarray]:
     """(N,) advantages of the collected rollouts by the method's estimator, and (N,) rollout weights: SERA's
-    multiplicity correction w_i = n0 / n_i, or ones. Grouped like out.rewards. DESIGN sections 1, 2 and 4."""
+    multiplicity correction w_i = n0 / n_i, or ones. Grouped like out.rewards. docs/design.md sections 1, 2 and 4."""
     adv = ADVANTAGES[s.method.advantage](out.rewards, out.counts, **s.adv_kwargs)
     # SERA: multiplicity correction - every rollout of prompt i weighted by n0 / n_i
     weights = multiplicity_weights(out.counts, s.n0) if s.multiplicity_correction else np.ones(out.rewards.size)

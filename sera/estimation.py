@@ -1,4 +1,4 @@
-"""Estimating each prompt's success probability p_hat before allocating rollouts (shared/DESIGN.md section 3).
+"""Estimating each prompt's success probability p_hat before allocating rollouts (docs/design.md section 3).
 
 Pure numpy (no torch). Pilot estimates come from the first m rollouts of the step (which are reused inside the
 budget); the historical estimate is the prompt's success rate the last time it was trained on.
@@ -12,7 +12,7 @@ P_LO, P_HI = 1 / 16, 15 / 16  # the paper's clipping range for m = 8 pilots
 
 
 def pilot_p_hat(successes, m: int, lo: float = P_LO, hi: float = P_HI) -> np.ndarray:
-    """Pilot estimate p_hat = clip(K_pilot / m, lo, hi). successes (B,) counts in [0, m]. DESIGN section 3."""
+    """Pilot estimate p_hat = clip(K_pilot / m, lo, hi). successes (B,) counts in [0, m]. docs/design.md section 3."""
     successes = np.asarray(successes, dtype=np.float64)
     if m < 1:
         raise ValueError(f"pilot size m must be >= 1, got {m} (m = 0 means the historical estimator)")
@@ -30,7 +30,7 @@ class HistoricalEstimator:
     rollout there is no estimate at all (`has_data` is False): callers allocate that first step uniformly, which is
     what the waterline gives for equal p_hat anyway, rather than pretend to know a prior. Prompts are integer ids in
     [0, num_prompts). The only stateful piece of the math modules: its state is two arrays and two counters, saved
-    with `state_dict` for resume. DESIGN section 3.
+    with `state_dict` for resume. docs/design.md section 3.
     """
 
     def __init__(self, num_prompts: int, lo: float = P_LO, hi: float = P_HI, prior: float = 0.5):

@@ -1,4 +1,4 @@
-"""One policy-gradient loop for language-model policies, shared by the maze and math studies (DESIGN.md 1-4, 6).
+"""One policy-gradient loop for language-model policies, shared by the maze and math studies (docs/design.md 1-4, 6).
 
 Each step (`rl_step`): the task gives B prompts; the shared collection step (sera.collect) estimates p_hat, allocates
 the budget and draws the rollouts, which the task scores in one batch per draw; advantages with SERA's multiplicity

@@ -1,4 +1,4 @@
-"""The policy-gradient loss shared by all three studies (shared/DESIGN.md section 6).
+"""The policy-gradient loss shared by all three studies (docs/design.md section 6).
 
 Given per-token log-probs of the sampled rollouts, a response mask, per-rollout advantages A and per-rollout
 weights w (SERA's n0 / n_i, or 1), returns the scalar loss whose gradient is minus the estimated policy gradient.

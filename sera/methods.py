@@ -1,9 +1,9 @@
-"""The method registry and a run's method settings: one place for every method decision (STYLE.md).
+"""The method registry and a run's method settings: one place for every method decision (docs/architecture.md).
 
 `METHODS` has one entry per row name of the paper's tables: an advantage estimator (sera.advantages.ADVANTAGES), a
 rollout allocator (a sampler of sera.collect.SAMPLERS), whether SERA's multiplicity correction applies, and the
 method's default p_hat source. `MethodSettings.from_config` reads a run config's `method`, `n0` and `alloc` groups
-once, fills the defaults from the registry and DESIGN.md, applies every cross-field rule, and is what the library
+once, fills the defaults from the registry and docs/design.md, applies every cross-field rule, and is what the library
 takes; nothing below the entry points reads the Hydra config or branches on method strings.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from sera.collect import SAMPLERS, Sampler
 from sera.sequential import SequentialSettings
 
-ESTIMATORS = ("none", "pilot", "history", "oracle")  # how p_hat is obtained (DESIGN section 3)
-AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalisation (DESIGN section 6)
+ESTIMATORS = ("none", "pilot", "history", "oracle")  # how p_hat is obtained (docs/design.md section 3)
+AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalisation (docs/design.md section 6)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ METHODS = {
         Method("sera", "SERA", "maxrl", "waterline", True, "pilot", pilot_m=8, baseline="maxrl"),
         Method("pkpo", "PKPO (T=16)", "pkpo"),
         Method("dars_hw", "DARS-HW", "grpo", allocator="dars_hw"),
-        # Sequential allocation and prompt selection (the SARA seed and its baselines; DESIGN section 4)
+        # Sequential allocation and prompt selection (the SARA seed and its baselines; docs/design.md section 4)
         Method("ds", "DS (DAPO)", "grpo", allocator="ds"),
         Method("dps", "DPS", "grpo", allocator="dps"),
         Method("sara", "SARA", "grpo", allocator="sara"),
@@ -77,7 +77,8 @@ class Study:
 
 @dataclass(frozen=True)
 class MethodSettings:
-    """A run's method settings, defaults filled in and every cross-field rule checked (DESIGN sections 1-4, 6)."""
+    """A run's method settings, defaults filled in and every cross-field rule checked (docs/design.md sections 1-4
+    and 6)."""
 
     method: Method
     n0: int  # nominal rollouts per prompt; a step's budget is B * n0

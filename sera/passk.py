@@ -1,4 +1,4 @@
-"""The unbiased pass@k estimator (shared/DESIGN.md section 7). Pure numpy (no torch)."""
+"""The unbiased pass@k estimator (docs/design.md section 7). Pure numpy (no torch)."""
 
 from __future__ import annotations
 

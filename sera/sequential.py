@@ -1,4 +1,4 @@
-"""Sequential rollout allocation and prompt selection: SARA, DS (DAPO dynamic sampling) and DPS (shared/DESIGN.md
+"""Sequential rollout allocation and prompt selection: SARA, DS (DAPO dynamic sampling) and DPS (docs/design.md
 section 4).
 
 Pure numpy (no torch, no I/O). SARA probes each prompt with a few rollouts, keeps a Beta posterior over its pass rate,
@@ -41,7 +41,7 @@ def effective_probability(a0, b0, successes, failures, n):
     With a = a0 + s, b = b0 + f, m = n - j, R+ = prod_{i<m} (a+i)/(a+b+i) (the rest all succeed) and
     R- = prod_{i<m} (b+i)/(a+b+i) (the rest all fail): E = 1 if s > 0 and f > 0, else
     E = 1 - [f = 0] R+ - [s = 0] R-. The products are Beta-function ratios, evaluated with gammaln. All arguments
-    broadcast; returns float64 of the broadcast shape. DESIGN section 4.
+    broadcast; returns float64 of the broadcast shape. docs/design.md section 4.
     """
     a0, b0 = np.asarray(a0, dtype=np.float64), np.asarray(b0, dtype=np.float64)
     s, f, n = (np.asarray(x, dtype=np.float64) for x in (successes, failures, n))
@@ -90,7 +90,7 @@ def sara_decision(successes, failures, n, a0=1.0, b0=1.0, k_min=2, tau_lo=0.45, 
     COMMIT if E_j >= tau_hi (always once mixed, where E_j = 1); else ABANDON if j >= k_min and E_j <= tau_lo; else
     CONTINUE. A complete group (j = n) is never continued: it is committed if mixed and abandoned otherwise. With the
     flat prior, after j >= 1 identical outcomes E_j = (n - j)/(n + 1), so n = 8, tau_lo = 0.45 abandons after exactly
-    4. All arguments broadcast; returns int8 SaraAction codes of the broadcast shape. DESIGN section 4.
+    4. All arguments broadcast; returns int8 SaraAction codes of the broadcast shape. docs/design.md section 4.
     """
     e = effective_probability(a0, b0, successes, failures, n)
     j = np.asarray(successes) + np.asarray(failures)
@@ -101,19 +101,19 @@ def sara_decision(successes, failures, n, a0=1.0, b0=1.0, k_min=2, tau_lo=0.45, 
     return action.astype(np.int8)
 
 
-PRIORS = ("flat", "population", "history")  # SARA's prior over a prompt's pass rate (DESIGN section 4)
+PRIORS = ("flat", "population", "history")  # SARA's prior over a prompt's pass rate (docs/design.md section 4)
 PRIOR_CLIP = (0.05, 50.0)  # the fitted a0, b0 are each clipped to this range
 
 
 @dataclasses.dataclass(frozen=True)
 class SequentialSettings:
-    """Settings of the sequential allocators, SARA, DS and DPS (DESIGN section 4; SARA's are derived from its
+    """Settings of the sequential allocators, SARA, DS and DPS (docs/design.md section 4; SARA's are derived from its
     abstract, every threshold a setting). `method.sequential` of a run config; configs/method/common.yaml holds the
     same defaults (a test checks that they agree)."""
 
     k0: int = 2  # SARA: rollouts in a fresh prompt's first probe
     k_min: int = 2  # SARA: never abandon a group with fewer rollouts than this
-    chunk: int = 2  # SARA: rollouts per further probe of an undecided group (DESIGN's delta)
+    chunk: int = 2  # SARA: rollouts per further probe of an undecided group (the design's delta)
     tau_lo: float = 0.45  # SARA: abandon when E_j <= tau_lo
     tau_hi: float = 0.95  # SARA: commit when E_j >= tau_hi (always once mixed)
     prior: Literal["flat", "population", "history"] = "population"  # SARA: Beta prior over each prompt's pass rate
@@ -176,7 +176,7 @@ def fit_beta_prior(probe_successes, k0: int, clip: tuple[float, float] = PRIOR_C
     beyond the binomial's, e.g. no probe in the window is k0/k0) takes the cap, so a population at 6.5% gives about
     (3.5, 50), never (50, 50), and abandons its 0/k0 probes. mu = 0 gives (lo, hi), mu = 1 (hi, lo). A saturated
     population (p near 0 or 1) gives rho near 1 and both parameters near the lower clip. Returns floats (a0, b0).
-    DESIGN section 4.
+    docs/design.md section 4.
     """
     s = np.asarray(probe_successes, dtype=np.float64).reshape(-1)
     if k0 < 2:
@@ -197,7 +197,7 @@ def fit_beta_prior(probe_successes, k0: int, clip: tuple[float, float] = PRIOR_C
 
 
 class SaraPrior:
-    """SARA's Beta prior over each prompt's pass rate, carried from step to step (DESIGN section 4).
+    """SARA's Beta prior over each prompt's pass rate, carried from step to step (docs/design.md section 4).
 
     `beta(ids)` gives the prior (a0, b0) of each fresh prompt, `observe` records a finished step. settings.prior:
     - flat: Beta(settings.a0, settings.b0) for every prompt, always;
@@ -433,7 +433,7 @@ def sara_step(
     waves (groups still undecided are discarded; hit_wave_cap). `prior` is needed unless settings.prior is flat; the
     caller records the step in it afterwards (`SaraPrior.observe`). The groups are rows of one reward matrix, so a
     wave costs a few array operations whatever its number of groups. Shapes: see StepResult; all committed counts are
-    n (their probe count with complete_committed=False). DESIGN section 4.
+    n (their probe count with complete_committed=False). docs/design.md section 4.
     """
     if not 1 <= settings.k0 <= n:
         raise ValueError(f"the first probe k0={settings.k0} must lie in [1, n={n}]")
@@ -533,7 +533,7 @@ def sera_counts_after_probe(
     budget mode (everything left; each committed group's n - j_i stayed reserved, so this is at least C n). Returns
     extra_i = n_i - j_i, (C,) int64; the caller draws them, appends them to the groups, and applies the multiplicity
     correction w_i = n0 / n_i. Raises ValueError (from `waterline`) when total cannot give every group n_min.
-    DESIGN sections 2-4.
+    docs/design.md sections 2-4.
     """
     j = result.counts
     if j.size == 0:
@@ -558,7 +558,7 @@ def ds_step(
     batch_size groups are kept or max_rounds rounds have run (or the stream is exhausted); train on the first
     batch_size kept groups and discard the surplus. Every group is drawn once, so none is duplicated; at the cap the
     step trains on what was kept (possibly none: the caller skips the step) and reports the shortfall. Shapes: see
-    StepResult; every committed count is n. DESIGN section 4.
+    StepResult; every committed count is n. docs/design.md section 4.
     """
     if n < 1 or batch_size < 1 or gen_batch < 1 or max_rounds < 1:
         raise ValueError(f"need n, batch_size, gen_batch, max_rounds >= 1, got {n, batch_size, gen_batch, max_rounds}")
@@ -628,7 +628,7 @@ class DynamicsPredictor:
     state after an observation, the propagated prior after a step without one. A prompt never observed keeps alpha0
     and the uniform belief (a fixed point of the decay), so only observed prompts are tracked. Reference values: one
     partial observation gives P(partial) = 0.40, one unsolved or solved 0.30, unseen 1/3. Prompts are integer ids in
-    [0, num_prompts). DESIGN section 4.
+    [0, num_prompts). docs/design.md section 4.
     """
 
     def __init__(self, num_prompts: int, decay: float, alpha0: float = 1.0):
@@ -691,7 +691,7 @@ def dps_order(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> n
     (B,) int64 indices into candidate_ids.
 
     Ties keep the candidates' order in the pool (a stable sort), so the pool's own order (normally a random draw)
-    breaks them and the result is deterministic given the pool. DESIGN section 4.
+    breaks them and the result is deterministic given the pool. docs/design.md section 4.
     """
     candidate_ids = np.asarray(candidate_ids, dtype=np.int64).reshape(-1)
     if not 0 <= batch_size <= candidate_ids.size:
@@ -708,7 +708,7 @@ def dps_prompts(
     """A DPS-ranked prompt stream (DPS and SARA+DPS): next_prompts(k) draws a pool of ratio * k candidates from
     `candidates` and returns its top k by P(partial) (`dps_order`); unselected candidates are dropped. `prompt_ids`
     maps the candidates to the predictor's prompt ids when they are not the same (a step's stream hands out step
-    positions); by default they are. DESIGN section 4."""
+    positions); by default they are. docs/design.md section 4."""
     if ratio < 1:
         raise ValueError(f"ratio must be >= 1, got {ratio}")
 

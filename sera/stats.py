@@ -1,4 +1,4 @@
-"""Confidence intervals for method differences (shared/DESIGN.md section 7): the question-paired bootstrap and the
+"""Confidence intervals for method differences (docs/design.md section 7): the question-paired bootstrap and the
 seed-level t-interval. Pure numpy (scipy for the t quantile; no torch)."""
 
 from __future__ import annotations

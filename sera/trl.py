@@ -7,7 +7,7 @@ A researcher swaps the trainer and the config class and keeps the rest of a GRPO
     trainer = SERAGRPOTrainer(model=model, reward_funcs=binary_reward, args=args, train_dataset=dataset)
     trainer.train()
 
-How a step works (shared/DESIGN.md sections 1-3, 6). `num_generations` keeps meaning n0: TRL's sampler hands the
+How a step works (docs/design.md sections 1-3, 6). `num_generations` keeps meaning n0: TRL's sampler hands the
 step B prompts x n0 copies, so the budget is B x n0 completions as TRL counts it. Those copies are slots, not groups.
 The step is the suite's own collection step (`sera.collect.collect`) over a draw callback that generates with TRL's
 own generation path: for SERA, m pilots of each prompt, p_hat and the waterline allocation of the B x n0 budget, then

@@ -47,7 +47,7 @@ def test_expected_scale_matches_exhaustive_enumeration(name, kwargs):
         grad_log_p = np.eye(3)[0] - pi[b]
         np.testing.assert_allclose(enumerated_gradient(logits[b], sizes[b], name, kwargs), kappa[b] * grad_log_p,
                                    atol=1e-12, rtol=1e-9)  # fmt: skip
-    if name == "maxrl":  # and DESIGN section 1's closed form c(p, n) = 1 - (1 - p)^(n - delta)
+    if name == "maxrl":  # and docs/design.md section 1's closed form c(p, n) = 1 - (1 - p)^(n - delta)
         delta = 0 if kwargs.get("keep_cv_on_zero") else 1
         np.testing.assert_allclose(kappa, 1 - (1 - pi[:, 0]) ** (sizes - delta), rtol=1e-12)
 

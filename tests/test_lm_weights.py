@@ -1,4 +1,5 @@
-"""The LM loop's step gradient against a per-rollout computation written out here from DESIGN.md sections 1, 2 and 6.
+"""The LM loop's step gradient against a per-rollout computation written out here from docs/design.md sections 1, 2
+and 6.
 
 SERA with pilots on the toy task, with a scripted engine whose rollouts give the four prompts different pilot
 outcomes (so different p_hat and counts n_i), mixed and unmixed groups, and responses of different lengths, all

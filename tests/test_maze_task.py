@@ -1,4 +1,4 @@
-"""The maze task: Prim's mazes are perfect and solvable, generation is seeded, the reward fails every way DESIGN.md
+"""The maze task: Prim's mazes are perfect and solvable, generation is seeded, the reward fails every way docs/design.md
 names, the token encoding round-trips, and the held-out / training seeds and the shortcut baseline behave."""
 
 import numpy as np
@@ -148,7 +148,7 @@ def test_prompt_encoding():
     expected = "<bos> # # # # # <nl> # S . . # <nl> # # # . # <nl> # . . G # <nl> # # # # # <nl> <sep>"
     assert encode_prompt(NO_LEFT) == ids(*expected.split())
     prompt = encode_prompt(generate_maze(5, 0))
-    assert len(prompt) == 1 + 11 * 12 + 1  # 134, CALIBRATION.md's "about 133"
+    assert len(prompt) == 1 + 11 * 12 + 1  # 134, docs/calibration.md's "about 133"
     assert prompt[0] == BOS_ID and prompt[-1] == SEP_ID
     assert prompt.count(TOKEN_TO_ID["<nl>"]) == 11
     assert prompt.index(TOKEN_TO_ID["S"]) == 1 + 12 + 1 and prompt.count(TOKEN_TO_ID["S"]) == 1

@@ -34,9 +34,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from sera.runlog import EVAL_RECORD
+
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"<!-- results: (\S+) -->")
-KEYS = ("n0", "method", "normalization", "estimator", "m", "seed", "k")
+KEYS = ("claim", "n0", "method", "normalization", "estimator", "m", "seed", "k")
 # README header -> results header (a tuple: the README cell holds those cells' numbers in order)
 COLUMN_ALIASES = {
     "cos(E[g given n], CE)": "cos(E[g | n], CE)",  # a | would split the markdown cell
@@ -64,6 +68,7 @@ PERCENT_HEADER = re.compile(r"%|Pass@|pp|delta|CI|low|high")
 WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
 COUNT = r"\d+|" + "|".join(WORDS)
 SEEDS = re.compile(rf"\b({COUNT})\s+seeds?\b(?:\s+of\s+({COUNT})\b)?", re.IGNORECASE)
+EVALUATIONS = re.compile(rf"\b({COUNT})\s+evaluations\b", re.IGNORECASE)
 PROSE_NUMBER = re.compile(r"(?<![\w.@/^=])([-+]?)(\d+(?:\.\d+)?)(?![\w.])")
 UNIT = re.compile(r"\s?(%|pp\b)")
 RANGE_END = re.compile(r"(?:-|–| to )[-+]?\d+(?:\.\d+)?\s?(%|pp\b)")
@@ -251,6 +256,20 @@ class Pool:
     percents: list[float]  # those that are percentages
     differences: list[float]  # differences of two cells in one percentage column (for pp)
     seeds: set[int]
+    evaluations: set[int]  # evaluations per run in the archived records of the folders (empty: none archived)
+
+
+def evaluation_counts(folders: set[str], archive: Path) -> set[int]:
+    """How many evaluations each archived RL run of these folders holds, per evaluation set (base models aside)."""
+    counts = set()
+    for folder in folders:
+        for done in (archive / folder).rglob("DONE"):
+            run = done.parent
+            if run.name.startswith("base_"):
+                continue
+            sets = [m.group(2) for f in run.iterdir() if (m := EVAL_RECORD.fullmatch(f.name))]
+            counts |= {sets.count(name) for name in set(sets)}
+    return counts
 
 
 def pool_for(sub: Subsection, results: Path) -> Pool:
@@ -273,7 +292,8 @@ def pool_for(sub: Subsection, results: Path) -> Pool:
                     percents += flat
                     firsts = [float(c[0].rstrip("%")) for c in cells if c]
                     differences += [a - b for a in firsts for b in firsts if a != b]
-    return Pool(values, percents, differences, seeds)
+    folders = {Path(path).parts[1] for path, _ in sub.marked if len(Path(path).parts) > 2}
+    return Pool(values, percents, differences, seeds, evaluation_counts(folders, results / "runs"))
 
 
 def prose_sentences(sub: Subsection) -> list[tuple[int, str]]:
@@ -329,6 +349,12 @@ def prose_problems(sub: Subsection, results: Path) -> list[str]:
             count = WORDS[word] if word in WORDS else int(word)
             if count not in pool.seeds:
                 problems.append(f"README line {line}: '{m.group(0)}' but the tables have {sorted(pool.seeds)} seeds")
+        for m in EVALUATIONS.finditer(sentence):
+            word = m.group(1).lower()
+            count = WORDS[word] if word in WORDS else int(word)
+            if pool.evaluations and count not in pool.evaluations:
+                problems.append(f"README line {line}: '{m.group(0)}' but the archived runs hold "
+                                f"{sorted(pool.evaluations)} evaluations each")  # fmt: skip
     return problems
 
 
@@ -344,20 +370,33 @@ def readme_problems(readme: str, results: Path = ROOT / "results") -> list[str]:
     return problems
 
 
-def test_every_quoted_number_is_in_its_results_file():
-    problems = readme_problems((ROOT / "README.md").read_text())
-    assert not problems, "\n".join(problems)
+# README.md and every docs page: the pages that quote measured tables (those with a marker) are checked alike.
+PAGES = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]}
+
+
+@pytest.mark.parametrize("page", sorted(name for name, text in PAGES.items() if MARKER.search(text)))
+def test_every_quoted_number_is_in_its_results_file(page):
+    problems = readme_problems(PAGES[page])
+    assert not problems, f"{page}:\n" + "\n".join(problems)
+
+
+def test_readme_and_the_study_pages_quote_measured_tables():
+    for page in ("README.md", "docs/classification.md", "docs/maze.md", "docs/math.md", "docs/sequential.md"):
+        assert MARKER.search(PAGES[page]), f"{page} marks no measured table"
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Breaks that the previous version of this test let through, each on a mutated copy of README
+# Breaks that the previous version of this test let through, each on a mutated copy of the page that holds them
 # ---------------------------------------------------------------------------------------------------------------
-README = (ROOT / "README.md").read_text()
+def page_with(old: str, count: int = 1) -> str:
+    """The text of the one page that holds `old`, `count` times."""
+    holders = [text for text in PAGES.values() if old in text]
+    assert len(holders) == 1 and holders[0].count(old) == count, f"no page holds {old!r} {count} time(s); update it"
+    return holders[0]
 
 
 def mutated(old: str, new: str, count: int = 1) -> str:
-    assert README.count(old) == count, f"README no longer holds {old!r} {count} time(s); update this test"
-    return README.replace(old, new)
+    return page_with(old, count).replace(old, new)
 
 
 def assert_caught(text: str, *expected: str):
@@ -368,7 +407,7 @@ def assert_caught(text: str, *expected: str):
 
 
 def row_of(prefix: str) -> str:
-    (line,) = [line for line in README.splitlines() if line.startswith(prefix)]
+    (line,) = [line for text in PAGES.values() for line in text.splitlines() if line.startswith(prefix)]
     return line
 
 
@@ -387,7 +426,7 @@ def test_swapped_rows_are_caught():
         token: "| SERA (token-mean) |" + seq.split("| SERA (seqnorm) |")[1],
         seq: "| SERA (seqnorm) |" + token.split("| SERA (token-mean) |")[1],
     }
-    text = "\n".join(swap.get(line, line) for line in README.splitlines())
+    text = "\n".join(swap.get(line, line) for line in page_with(token).splitlines())
     assert_caught(text, "'method': 'SERA (token-mean)'", "'method': 'SERA (seqnorm)'")
 
 
@@ -407,8 +446,8 @@ def test_a_marker_without_its_table_or_a_table_without_a_marker_is_caught():
     assert_caught(mutated(marker + "\n", marker + "\nThe table:\n"), "is not followed by its table")
     assert_caught(mutated(marker + "\n", ""), "a table in the results section without a marker")
     last = "<!-- results: cpu/sara-cpu_sara/maze.md -->"
-    maze = README.index(last)
-    assert_caught(README[:maze] + last + "\n", "has no table after it")
+    page = page_with(last)
+    assert_caught(page[: page.index(last)] + last + "\n", "has no table after it")
 
 
 def test_numbers_in_the_prose_are_checked():
@@ -427,3 +466,13 @@ def test_timing_and_settings_are_out_of_scope():
     for old, new in [("took 21.6 min", "took 25.1 min"), ("hidden 128, 1.05M", "hidden 128, 1.15M"),
                      ("batch 256, 2000 steps", "batch 128, 2000 steps")]:  # fmt: skip
         assert readme_problems(mutated(old, new)) == []
+
+
+def test_a_count_of_evaluations_that_disagrees_with_the_records_is_caught():
+    """The archived maze runs hold 8 evaluations each (steps 100-800); the text once said 9."""
+    assert_caught(mutated("with its 8 evaluations", "with its 9 evaluations"), "'9 evaluations'")
+
+
+def test_the_claims_table_of_readme_is_checked_cell_by_cell():
+    row = row_of("| maze token-mean: SERA above MaxRL at Pass@32 |")
+    assert_caught(mutated(row, row.replace("+3.33 [-0.64, +7.29]", "+3.33 [+0.64, +7.29]")), "'this suite'")

@@ -1,4 +1,4 @@
-"""Classification as a policy, the RL step: labels sampled from the softmax are the rollouts (DESIGN.md section 5).
+"""Classification as a policy, the RL step: labels sampled from the softmax are the rollouts (docs/design.md section 5).
 
 `draw_rollouts` runs the shared collection step (sera.collect) with the compiled label sampler; `rollout_loss` turns a
 batch's log-softmax into the step's policy-gradient loss (advantages, SERA's multiplicity weights). The sequential
@@ -55,8 +55,8 @@ def draw_rollouts(settings: MethodSettings, probs, p_exact, idx, y, history, gen
 
 
 def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, generator):
-    """One RL step's loss with a batch allocator: p_hat, allocation, rollouts, rewards, advantages, weights (DESIGN
-    sections 1-3).
+    """One RL step's loss with a batch allocator: p_hat, allocation, rollouts, rewards, advantages, weights
+    (docs/design.md sections 1-3).
 
     logp (B, C) log-softmax with grad; logp_true (B,) log p. Returns (loss, the step's rollout data for logging).
     """
@@ -215,7 +215,8 @@ def step_metrics(settings: MethodSettings, out, loss, batch: int) -> dict:
         "alloc/c_cv": float(c.std() / max(c.mean(), 1e-12)),
     }
     if not settings.sampler.stream:  # the step's images are a uniform draw of the training set
-        # the expected share of groups of n0 with all-equal rewards: what DS and SARA can save on (DESIGN section 4)
+        # the expected share of groups of n0 with all-equal rewards: what DS and SARA can save on (docs/design.md,
+        # section 4)
         m["alloc/saturated_share"] = float(np.mean(p_exact**settings.n0 + (1 - p_exact) ** settings.n0))
     if p_hat is not None:
         m["phat/mae"] = float(np.abs(p_hat - p_exact).mean())
@@ -236,7 +237,7 @@ def gradient_alignment(settings: MethodSettings, loss, ce_loss, logp_true, out, 
     sera.advantages.expected_scale (c(p, n) for MaxRL): the counts n are held at this step's values. That is the
     expected gradient when the counts do not depend on the group's own rewards (uniform, history, oracle). With
     pilots they do (the pilots stay in the group), and the true expectation averages over pilot outcomes, which the
-    global waterline couples across the whole batch (DESIGN.md section 2); the metric is therefore labelled
+    global waterline couples across the whole batch (docs/design.md section 2); the metric is therefore labelled
     "cos(E[g | n], CE)": conditional on the realised counts, without sampling noise.
     """
     counts, weights = out.counts, out.weights

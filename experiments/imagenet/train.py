@@ -1,4 +1,4 @@
-"""Classification as a policy: the paper's ImageNet study, where every gradient is exact (DESIGN.md section 5).
+"""Classification as a policy: the paper's ImageNet study, where every gradient is exact (docs/design.md section 5).
 
 The classifier's softmax is the policy; a rollout is a label sampled from it, rewarded 1 if it is the true label.
 p = softmax[y*] is exact, the CE gradient is the exact likelihood gradient, and Pass@K = 1 - (1 - p)^K in closed form.

@@ -1,1 +1,2 @@
-"""The math reasoning study (DESIGN.md section 5): problems (data, generated), prompts, and the math-verify reward."""
+"""The math reasoning study (docs/design.md section 5): problems (data, generated), prompts, the math-verify
+reward."""

@@ -1,4 +1,4 @@
-"""Math problems (DESIGN.md section 5): one schema, loaded from local files or, only when asked, from the hub.
+"""Math problems (docs/design.md section 5): one schema, loaded from local files or, only when asked, from the hub.
 
 A problem is a dict {"id": str, "question": str, "answer": str}; the generated families (generated.py) add an optional
 "solution" (a worked solution ending in \\boxed{answer}) for a supervised warm start. `answer` is the gold answer alone,

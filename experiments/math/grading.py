@@ -1,4 +1,5 @@
-"""The math reward (DESIGN.md section 5): math-verify on the last \\boxed{...} of a response against the gold answer.
+"""The math reward (docs/design.md section 5): math-verify on the last \\boxed{...} of a response against the gold
+answer.
 
 A response scores 1.0 iff its last \\boxed{...} (braces balanced, nested ones included) parses and math-verify finds it
 equal to the gold answer; no box, an unclosed or empty last box, a response cut at the length limit, a non-string

@@ -1,4 +1,4 @@
-"""Prompt templates of the math study (DESIGN.md section 5), looked up by name in TEMPLATES.
+"""Prompt templates of the math study (docs/design.md section 5), looked up by name in TEMPLATES.
 
 - "chat": an instruct model (SmolLM2-Instruct) through its tokenizer's own chat template, the question followed by
   INSTRUCT_SUFFIX as the user turn, with the assistant turn opened.
