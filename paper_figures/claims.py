@@ -3,10 +3,10 @@
 Run: python -m paper_figures.claims --results results/cpu      (make tables runs it; README.md quotes the file)
 
 Each row names a claim, the paper's number for it, this suite's number (SERA minus MaxRL in pp, with the seed-level
-95% t-interval over the per-seed differences that the study's verdict table lists) and the verdict by the rule of
-results/cpu/PREREGISTRATION.md: supported when the interval lies above zero, contradicted when below, not decided when
-it covers zero. For the language-model claims that rule is applied only once the pre-registered seeds are all in;
-until then the row says how many of them there are and decides nothing.
+95% t-interval) and the verdict by the rule of results/cpu/PREREGISTRATION.md: supported when the interval lies above
+zero, contradicted when below, not decided when it covers zero. The classifier's rows take the per-seed differences
+its verdict table lists (rounded to 0.01 pp); the language-model rows are the primary endpoints of the pre-registered
+table (results/cpu/preregistered.md, paper_figures.prereg), which decides nothing until every seed of a claim is in.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from sera.stats import seed_t_interval
 
 HEADER = ["claim", "paper", "this suite", "seeds", "verdict", "detail"]
 SEED_VALUE = re.compile(r"(?:seed )?(\d+): ([+-]?\d+(?:\.\d+)?)")
-PREREGISTERED = {"maze token-mean": 12, "maze seqnorm": 6, "math token-mean": 20}  # seeds the test needs
 
 
 @dataclass
@@ -33,7 +32,6 @@ class Claim:
     paper: str
     diffs: list[float]  # per-seed SERA minus MaxRL (pp)
     detail: str
-    preregistered: int | None = None  # the seeds the pre-registered test decides at
 
     def row(self) -> list[str]:
         n = len(self.diffs)
@@ -41,8 +39,6 @@ class Claim:
         value = f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}]" if n > 1 else f"{ci.delta:+.2f}"
         if n < 2:
             verdict = "one seed: no interval"
-        elif self.preregistered and n < self.preregistered:
-            verdict = f"no decision yet ({n} of {self.preregistered} pre-registered seeds)"
         elif ci.low > 0:
             verdict = "supported"
         elif ci.high < 0:
@@ -78,49 +74,38 @@ def classification_claims(results: Path) -> list[Claim]:
     return out
 
 
-def maze_claims(results: Path) -> list[Claim]:
-    """Pass@32 (the pre-registered endpoint), seed by seed, from the verdict table's per-seed rows."""
-    tables, _ = parse((results / "maze-cpu" / "table4_verdict.md").read_text())
-    table = next(t for t in tables.values() if "seed" in t.header)
-    col = table.header.index("dPass@32")
-    paper = {"token-mean": "+3.70 (74.45 vs 70.75)", "seqnorm": "+3.03 (74.97 vs 71.94)"}
-    out = []
-    for norm in ("token-mean", "seqnorm"):
-        diffs = [float(r[col]) for r in table.rows if r[0] == norm and r[1].isdigit()]
-        out.append(
-            Claim(
-                f"maze {norm}: SERA above MaxRL at Pass@32",
-                paper[norm],
-                diffs,
-                "maze.md",
-                PREREGISTERED.get(f"maze {norm}"),
-            )  # fmt: skip
-        )
-    return out
+# The language-model claims: the primary rows of the pre-registered table (paper_figures.prereg), with the paper's
+# number as the README states it.
+LM_CLAIMS = {
+    "C1 maze token-mean": ("maze token-mean: SERA above MaxRL at Pass@32", "+3.70 (74.45 vs 70.75)", "maze.md"),
+    "C2 maze seqnorm": ("maze seqnorm: SERA above MaxRL at Pass@32", "+3.03 (74.97 vs 71.94)", "maze.md"),
+    "C3 math token-mean": (
+        "math token-mean: SERA above MaxRL at Pass@16",
+        "+5.54 [+3.09, +8.01] at Pass@128",
+        "math.md",
+    ),
+    "C4 math seqnorm": ("math seqnorm: SERA above MaxRL at Pass@16", "+5.54 [+3.09, +8.01] at Pass@128", "math.md"),
+}
 
 
-def math_claims(results: Path) -> list[Claim]:
-    """Pass@16 (the pre-registered endpoint: our base model's coverage there is the paper's base at Pass@128)."""
-    table = only_table(results / "math-cpu" / "table5.md", "dataset")
-    k, col = table.header.index("k"), table.header.index("per seed (pp)")
+def lm_rows(results: Path) -> list[list[str]]:
+    """The primary endpoint of each language-model claim, as results/<scale>/preregistered.md decided it."""
+    table = only_table(results / "preregistered.md", "claim")
+    column = {name: table.header.index(name) for name in table.header}
     out = []
-    for norm in ("token-mean", "seqnorm"):
-        (row,) = [r for r in table.rows if r[1] == norm and r[k] == "16"]
-        out.append(
-            Claim(
-                f"math {norm}: SERA above MaxRL at Pass@16",
-                "+5.54 [+3.09, +8.01] at Pass@128",
-                per_seed(row[col]),
-                "math.md",
-                PREREGISTERED.get(f"math {norm}"),
-            )  # fmt: skip
-        )
+    for row in table.rows:
+        name = row[column["claim"]]
+        if name in LM_CLAIMS and row[column["endpoint"]].startswith("primary"):
+            claim, paper, page = LM_CLAIMS[name]
+            seeds = row[column["seeds"]].split(" of ")[0]
+            out.append(
+                [claim, paper, row[column["difference (pp) [seed 95% t]"]], seeds, row[column["decision"]], page]
+            )
     return out
 
 
 def claims_table(results: Path) -> tuple[list[str], list[list[str]]]:
-    claims = classification_claims(results) + maze_claims(results) + math_claims(results)
-    return HEADER, [c.row() for c in claims]
+    return HEADER, [c.row() for c in classification_claims(results)] + lm_rows(results)
 
 
 def main(argv=None) -> None:

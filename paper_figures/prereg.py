@@ -1,0 +1,171 @@
+"""The pre-registered test of the language-model claims (results/cpu/PREREGISTRATION.md), as code. No torch.
+
+Run: python -m paper_figures.prereg --runs runs --out results/cpu      (make tables runs it at SCALE=cpu)
+
+Each claim is a difference of two rows paired by seed (SERA minus MaxRL; for the rows that had one seed, the method
+against MaxRL or the base model), read at a K and at evaluation steps fixed in advance. For each claim the table gives
+the primary endpoint (the final evaluation), the secondary one (the mean over the last evaluations) and, for the SERA
+claims, the sensitivity check on the seeds that ran after the pre-registration; each with the seed-level 95%
+t-interval, the three-way decision and how the interval stands to the paper's effect. A claim whose seeds are not all
+in says how many are and decides nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from paper_figures.render import write_table
+from paper_figures.runs import Run, load_runs
+from sera.passk import pass_at_k
+from sera.runlog import eval_record_file
+from sera.stats import seed_t_interval
+
+BASE = "base"  # a claim against the base model of the same seed
+HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "decision", "paper (pp)", "vs the paper"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One pre-registered comparison: `tested` minus `against` (a method, or BASE), paired by seed."""
+
+    name: str
+    study: str  # maze | math
+    eval_set: str
+    tested: str
+    against: str
+    aggregation: str
+    k: int
+    final: int  # the step of the primary endpoint
+    secondary: tuple[int, ...]  # the steps the secondary endpoint averages
+    seeds: tuple[int, ...]
+    new_seeds: tuple[int, ...] = ()  # run after the pre-registration: the sensitivity check
+    paper: float | None = None  # the paper's effect at its matching K, pp
+
+
+MAZE = {"study": "maze", "eval_set": "heldout", "final": 800, "secondary": (600, 700, 800)}
+MATH = {"study": "math", "eval_set": "chain-sum", "final": 800, "secondary": (600, 800)}
+CLAIMS = (
+    Claim("C1 maze token-mean", **MAZE, tested="sera", against="maxrl", aggregation="token-mean", k=32,
+          seeds=tuple(range(12)), new_seeds=tuple(range(5, 12)), paper=3.70),
+    Claim("C2 maze seqnorm", **MAZE, tested="sera", against="maxrl", aggregation="seqnorm", k=32,
+          seeds=tuple(range(6)), new_seeds=(3, 4, 5), paper=3.03),
+    Claim("C3 math token-mean", **MATH, tested="sera", against="maxrl", aggregation="token-mean", k=16,
+          seeds=tuple(range(20)), new_seeds=tuple(range(5, 20)), paper=5.54),
+    Claim("C4 math seqnorm", **MATH, tested="sera", against="maxrl", aggregation="seqnorm", k=16,
+          seeds=(0, 1, 2), paper=5.54),
+    Claim("R1 maze GRPO minus base", **MAZE, tested="grpo", against=BASE, aggregation="token-mean", k=64,
+          seeds=(0, 1, 2)),
+    Claim("R2 math GRPO minus base", **MATH, tested="grpo", against=BASE, aggregation="token-mean", k=128,
+          seeds=(0, 1, 2), paper=-27.04),
+    Claim("R2 math PKPO minus MaxRL, Pass@1", **MATH, tested="pkpo", against="maxrl", aggregation="token-mean", k=1,
+          seeds=(0, 1, 2), paper=-12.67),
+    Claim("R2 math PKPO minus MaxRL, Pass@128", **MATH, tested="pkpo", against="maxrl", aggregation="token-mean",
+          k=128, seeds=(0, 1, 2), paper=16.48),
+    Claim("R2 math DARS-HW minus MaxRL, Pass@1", **MATH, tested="dars_hw", against="maxrl", aggregation="token-mean",
+          k=1, seeds=(0, 1, 2), paper=1.65),
+    Claim("R2 math DARS-HW minus MaxRL, Pass@128", **MATH, tested="dars_hw", against="maxrl",
+          aggregation="token-mean", k=128, seeds=(0, 1, 2), paper=-11.13),
+)  # fmt: skip
+
+
+def record_passk(run: Run, eval_set: str, step: int | None, k: int) -> float | None:
+    """Pass@k in % of one run on one evaluation set: the record at `step` (None: the newest), averaged over its
+    questions; None when the run has no such record."""
+    if step is None:
+        record = run.eval_records.get(eval_set)
+    else:
+        path = run.path / eval_record_file(step, eval_set)
+        record = json.loads(path.read_text()) if path.exists() else None
+    if record is None or k > record["n"]:
+        return None
+    return 100 * float(pass_at_k(record["n"], np.asarray(record["correct"], dtype=np.int64), [k]).mean())
+
+
+def runs_of(runs: list[Run], claim: Claim, method: str) -> dict[int, Run]:
+    """The finished runs of one side of a claim by seed: the method's RL runs at the claim's aggregation (and the CPU
+    scale's other settings), or the base models."""
+    if method == BASE:
+        chosen = [r for r in runs if r.get("experiment") == f"{claim.study}-base"]
+    else:
+        chosen = [r for r in runs if r.get("experiment") == claim.study and r.get("method.name") == method
+                  and r.get("method.aggregation") == claim.aggregation]  # fmt: skip
+    return {r.get("seed"): r for r in chosen if r.finished}
+
+
+def differences(runs: list[Run], claim: Claim, steps: tuple[int, ...]) -> dict[int, float]:
+    """Per seed of the claim that both sides finished: tested minus against, each side's Pass@k averaged over
+    `steps` (the base model, evaluated once, at its own final step)."""
+    tested, against = runs_of(runs, claim, claim.tested), runs_of(runs, claim, claim.against)
+    out = {}
+    for seed in claim.seeds:
+        if seed not in tested or seed not in against:
+            continue
+        a = [record_passk(tested[seed], claim.eval_set, s, claim.k) for s in steps]
+        b = [record_passk(against[seed], claim.eval_set, None if claim.against == BASE else s, claim.k) for s in steps]
+        if None not in a and None not in b:
+            out[seed] = float(np.mean(a) - np.mean(b))
+    return out
+
+
+def decide(diffs: list[float], planned: int, paper: float | None) -> tuple[str, str, str]:
+    """(interval cell, decision, against the paper) by the pre-registered rule."""
+    if not diffs:
+        return "not run", "no decision", ""
+    ci = seed_t_interval(np.asarray(diffs))
+    cell = f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}]" if len(diffs) > 1 else f"{ci.delta:+.2f}"
+    if len(diffs) < planned:
+        return cell, f"in progress ({len(diffs)} of {planned} seeds): no decision", ""
+    if len(diffs) < 2:
+        return cell, "one seed: no interval", ""
+    decision = "supported" if ci.low > 0 else "contradicted" if ci.high < 0 else "not decided at this power"
+    if paper is None:
+        return cell, decision, ""
+    versus = "smaller than the paper's" if ci.high < paper else "larger than the paper's" if ci.low > paper else (
+        "consistent with the paper's")  # fmt: skip
+    return cell, decision, versus
+
+
+def claim_rows(runs: list[Run], claim: Claim) -> list[list[str]]:
+    """The claim's primary row, its secondary row and (SERA claims with new seeds) its sensitivity row."""
+    paper = "" if claim.paper is None else f"{claim.paper:+.2f}"
+    out = []
+    steps = ", ".join(str(s) for s in claim.secondary)
+    endpoints = [
+        (f"primary: Pass@{claim.k} at step {claim.final}", (claim.final,), claim.seeds),
+        (f"secondary: Pass@{claim.k}, mean of steps {steps}", claim.secondary, claim.seeds),
+    ]
+    if claim.new_seeds:
+        endpoints.append(("sensitivity: primary, new seeds only", (claim.final,), claim.new_seeds))
+    for endpoint, steps_read, seeds in endpoints:
+        diffs = differences(runs, claim, steps_read)
+        values = [diffs[s] for s in seeds if s in diffs]
+        cell, decision, versus = decide(values, len(seeds), claim.paper)
+        label = f"{min(seeds)}-{max(seeds)}" if len(seeds) > 1 else str(seeds[0])
+        out.append([claim.name, endpoint, f"{len(values)} of {len(seeds)} ({label})", cell, decision, paper, versus])
+    return out
+
+
+def prereg_table(runs_root: Path, scale: str = "cpu") -> tuple[list[str], list[list[str]]]:
+    runs = load_runs(runs_root / f"maze-{scale}") + load_runs(runs_root / f"math-{scale}")
+    return HEADER, [row for claim in CLAIMS for row in claim_rows(runs, claim)]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("--out", type=Path, default=Path("results/cpu"))
+    parser.add_argument("--scale", default="cpu")
+    args = parser.parse_args(argv)
+    header, rows = prereg_table(args.runs, args.scale)
+    write_table(args.out / "preregistered", header, rows)
+    (args.out / "preregistered.tex").unlink()  # results/ keeps markdown and CSV
+    print((args.out / "preregistered.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

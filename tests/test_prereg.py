@@ -1,0 +1,93 @@
+"""The pre-registered test as code (paper_figures.prereg): endpoints read at the registered steps and K, seeds paired,
+the three-way decision withheld until every registered seed is in, and the committed table rebuilt from the archive."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from paper_figures import archive, prereg
+from paper_figures.runs import load_runs
+from sera.runlog import CONFIG_FILE, DONE_FILE, METRICS_FILE, eval_record_file
+
+ROOT = Path(__file__).resolve().parents[1]
+CLAIM = replace(prereg.CLAIMS[0], k=1, seeds=(0, 1, 2), new_seeds=(1, 2))  # maze token-mean at Pass@1, three seeds
+
+
+def maze_run(root, method, seed, correct_by_step, experiment="maze"):
+    """A finished maze run with a held-out record (64 samples, 4 mazes) at each step of `correct_by_step`."""
+    name = f"{method}_seed-{seed}" if experiment == "maze" else f"base_seed-{seed}"
+    path = root / "maze-cpu" / name
+    path.mkdir(parents=True)
+    config = {"experiment": experiment, "seed": seed}
+    if experiment == "maze":
+        config |= {"method": {"name": method, "aggregation": "token-mean"}}
+    (path / CONFIG_FILE).write_text(yaml.safe_dump(config))
+    (path / METRICS_FILE).write_text(json.dumps({"step": 0}) + "\n")
+    for step, correct in correct_by_step.items():
+        record = {"ids": [0, 1, 2, 3], "n": 64, "correct": correct}
+        (path / eval_record_file(step, "heldout")).write_text(json.dumps(record))
+    (path / DONE_FILE).write_text("{}")
+
+
+def rows_for(root, claim=CLAIM):
+    return prereg.claim_rows(load_runs(root / "maze-cpu"), claim)
+
+
+def steps(final, earlier=None):
+    """Records at steps 600, 700 and 800: `final` (64ths solved per maze) at 800, `earlier` before."""
+    earlier = final if earlier is None else earlier
+    return {600: earlier, 700: earlier, 800: final}
+
+
+def test_endpoints_read_the_registered_steps_and_pair_seeds(tmp_path):
+    # Pass@1 is the mean solved share: SERA minus MaxRL is +25 pp at step 800 on every seed, 0 before it
+    for seed in (0, 1, 2):
+        maze_run(tmp_path, "sera", seed, steps([32, 32, 32, 32], earlier=[16, 16, 16, 16]))
+        maze_run(tmp_path, "maxrl", seed, steps([16, 16, 16, 16]))
+    primary, secondary, sensitivity = rows_for(tmp_path)
+    assert primary[2] == "3 of 3 (0-2)" and primary[3] == "+25.00 [+25.00, +25.00]" and primary[4] == "supported"
+    assert secondary[3] == "+8.33 [+8.33, +8.33]"  # the mean of 0, 0 and 25 over steps 600-800
+    assert primary[6] == "larger than the paper's"  # +25 against the paper's +3.70
+    assert sensitivity[2] == "2 of 2 (1-2)" and sensitivity[4] == "supported"
+
+
+def test_no_decision_until_every_registered_seed_is_in(tmp_path):
+    for seed in (0, 1):  # seed 2 not run
+        maze_run(tmp_path, "sera", seed, steps([32] * 4))
+        maze_run(tmp_path, "maxrl", seed, steps([16] * 4))
+    primary = rows_for(tmp_path)[0]
+    assert primary[2] == "2 of 3 (0-2)" and primary[4] == "in progress (2 of 3 seeds): no decision"
+    assert primary[6] == ""
+
+
+@pytest.mark.parametrize(
+    "sera, decision",
+    [([[16] * 4, [20] * 4, [24] * 4], "not decided at this power"), ([[10] * 4, [11] * 4, [9] * 4], "contradicted")],
+)
+def test_the_three_way_rule(tmp_path, sera, decision):
+    for seed, correct in enumerate(sera):
+        maze_run(tmp_path, "sera", seed, steps(correct))
+        maze_run(tmp_path, "maxrl", seed, steps([16] * 4))
+    assert rows_for(tmp_path)[0][4] == decision
+
+
+def test_a_base_model_side_reads_its_own_final_record(tmp_path):
+    claim = replace(prereg.CLAIMS[4], k=1, seeds=(0,))  # GRPO minus the base model
+    maze_run(tmp_path, "grpo", 0, steps([8] * 4))
+    maze_run(tmp_path, "base", 0, {320: [16] * 4}, experiment="maze-base")
+    assert rows_for(tmp_path, claim)[0][3] == "-12.50"
+
+
+def test_the_committed_table_is_what_the_archive_gives(tmp_path):
+    for folder in ("maze-cpu", "math-cpu"):
+        archive.restore(ROOT / "results" / "runs" / folder, tmp_path / folder)
+    header, rows = prereg.prereg_table(tmp_path)
+    lines = (ROOT / "results" / "cpu" / "preregistered.md").read_text().splitlines()
+    assert lines[0] == "| " + " | ".join(header) + " |"
+    assert lines[2:] == ["| " + " | ".join(r) + " |" for r in rows]
+    # the primary endpoint of C1 is the seed-level row of Table 4's verdict at Pass@32, computed there another way
+    assert rows[0][3] == "+3.33 [-0.63, +7.28]"
+    assert "| token-mean | mean of 5 (t 95%) |" in (ROOT / "results/cpu/maze-cpu/table4_verdict.md").read_text()
