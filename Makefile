@@ -165,14 +165,20 @@ SARA_FLAT := method.sequential.prior=flat method.sequential.k0=4  # the rule as 
 SARA_SEEDS ?= 0
 SARA_STUDIES ?= imagenet,maze,math
 comma := ,
-SARA_RUN = $(filter $(1),$(subst $(comma), ,$(SARA_STUDIES)))
+SARA_LIST = $(subst $(comma), ,$(SARA_STUDIES))
+SARA_RUN = $(filter $(1),$(SARA_LIST))
+# A study's sequential grid, at the level its archived runs recorded (finished runs are kept in results/runs/ too)
+SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 \
+	scale=$(1)/$(SCALE)_sara
 
 reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
-	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=dps $(DPS_FAIR) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,imagenet),$(IMAGENET) scale=imagenet/$(SCALE)_sara method=sara $(SARA_FLAT) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,maze),$(MAZE) scale=maze/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,math),$(MATH) scale=math/$(SCALE)_sara method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(foreach s,$(SARA_LIST),$(ARCHIVE) restore --folder $(s)-$(SCALE)_sara;)
+	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=dps $(DPS_FAIR) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=sara $(SARA_FLAT) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,maze),$(call SARA,maze) method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,math),$(call SARA,math) method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(foreach s,$(SARA_LIST),$(ARCHIVE) save --folder $(s)-$(SCALE)_sara;)
 	$(PY) -m paper_figures.sara --scale $(SCALE)_sara --studies $(SARA_STUDIES)
 
 # results/SCALE/ holds the measured tables README.md quotes: a committed table is written over only with FORCE (1: every

@@ -33,7 +33,8 @@ from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import Run, group_runs, load_runs, mean_over, method_label, method_order, status_tags, tagged
 from sera.methods import METHODS
 from sera.runlog import ADDED_DEFAULTS, TRAIN_POOL_SET
-from sera.sequential import SequentialSettings
+from sera.sequential import PRIOR_CLIP, SequentialSettings
+from sera.stats import seed_t_interval
 
 OUT = Path(__file__).parent / "out"
 STUDIES = {  # folder prefix -> title
@@ -197,6 +198,7 @@ def summarise(group: list[Run], runs: list[Run], prefix: str, show: list[int]) -
     starts = {id(r): base_pass1(runs, r, prefix) for r in done}
     per_seed = {
         int(r.get("seed")): {"generated": cumulative(r, "alloc/generated"), "trained": cumulative(r, "alloc/rollouts"),
+                             "effective": cumulative(r, "alloc/effective_rollouts"),
                              "pass1": final_passk(r, prefix).get(1)}
         for r in done
     }  # fmt: skip
@@ -224,8 +226,43 @@ def summarise(group: list[Run], runs: list[Run], prefix: str, show: list[int]) -
         "start": mean_over(done, lambda r: start_of(pass1_curve(r, prefix, starts[id(r)]))),
         "passk": {k: mean_over(done, lambda r, k=k: final_passk(r, prefix).get(k)) for k in show},
         "curve": [pass1_curve(r, prefix, starts[id(r)]) for r in done],
+        "verdicts": verdicts(done),
+        "prior_clip": mean_over(done, prior_at_clip),
         "per_seed": per_seed,
     }  # fmt: skip
+
+
+def verdicts(runs: list[Run]) -> dict[int, tuple[float, float, float]] | None:
+    """SARA's rule at work: for each probe size j at which any group was decided, the shares of the groups decided
+    there that were committed, continued and abandoned (summed over steps and seeds); None for a run that never logs
+    them (every allocator but SARA's)."""
+    totals = {}
+    for run in runs:
+        for record in run.records:
+            for action in ("committed", "continued", "abandoned"):
+                for j, count in enumerate(record.get(f"alloc/{action}_at") or []):
+                    totals.setdefault(j, {"committed": 0, "continued": 0, "abandoned": 0})[action] += count
+    if not totals:
+        return None
+    return {j: tuple(c[a] / sum(c.values()) for a in ("committed", "continued", "abandoned"))
+            for j, c in sorted(totals.items()) if sum(c.values())}  # fmt: skip
+
+
+def prior_at_clip(run: Run) -> float | None:
+    """Share of RL steps on which SARA's fitted prior had a parameter at a clip of SequentialSettings.prior_clip
+    (None when the run logs no prior)."""
+    _, a0 = run.series("alloc/prior_a0")
+    _, b0 = run.series("alloc/prior_b0")
+    if not a0.size:
+        return None
+    lo, hi = PRIOR_CLIP
+    at = np.isclose(a0, lo) | np.isclose(a0, hi) | np.isclose(b0, lo) | np.isclose(b0, hi)
+    return float(at.mean())
+
+
+def per_gradient(s: dict) -> float | None:
+    """Rollouts generated per rollout that carries a gradient (in a trained group with mixed rewards)."""
+    return s["generated"] / s["effective"] if s.get("generated") and s.get("effective") else None
 
 
 def start_of(curve) -> float | None:
@@ -262,7 +299,8 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
     budgets = [s["generated"] for s in summary.values() if s["generated"]]
     common = min(budgets) if budgets else None
     header = ["method", "seeds", "steps", "generated (k)", "vs DS", "trained (k)", "generated per trained",
-              "vs DS per trained", "groups trained a step", "cap", "steps at the cap (%)", "shortfall a step",
+              "vs DS per trained", "generated per gradient rollout", "vs DS per gradient rollout",
+              "groups trained a step", "cap", "steps at the cap (%)", "shortfall a step",
               "effective yield (%)", "abandon error (%)", "empty steps (all seeds)", "distinct prompts trained",
               "training-set Pass@1 (%)", "Pass@1 at start (%)", *[f"Pass@{k} (%)" for k in show],
               f"Pass@1 at {thousands(common)}k generated (%)"]  # fmt: skip
@@ -273,10 +311,12 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
             ratio = f"{100 * (s['generated'] / ds['generated'] - 1):+.0f}%"
         cost, ds_cost = per_trained(s), per_trained(ds)
         neutral = f"{100 * (cost / ds_cost - 1):+.0f}%" if cost and ds_cost else "n/a"
+        grad, ds_grad = per_gradient(s), per_gradient(ds)
+        grad_ratio = f"{100 * (grad / ds_grad - 1):+.0f}%" if grad and ds_grad else "n/a"
         rows.append([
             s["label"], s["seeds"], s["steps"], thousands(s["generated"]), ratio, thousands(s["trained"]),
-            number(cost), neutral, number(s["groups"], 1), s["cap"] or "none", percent(s["cap_steps"]),
-            number(s["shortfall"], 1),
+            number(cost), neutral, number(grad), grad_ratio, number(s["groups"], 1), s["cap"] or "none",
+            percent(s["cap_steps"]), number(s["shortfall"], 1),
             percent(s["effective"] / s["generated"] if s["effective"] is not None and s["generated"] else None),
             percent(s["abandon"]), s["empty"], number(s["distinct"], 0), percent(s["pool"]), percent(s["start"]),
             *[percent(s["passk"][k]) for k in show],
@@ -291,7 +331,26 @@ def study_table(runs_root: Path, study: str, scale: str, out_root: Path) -> tupl
     elif grpo.get("effective") is not None and grpo.get("trained"):
         share = 1 - grpo["effective"] / grpo["trained"]
         note = f"\nSaturated share under uniform GRPO (rollouts in all-equal groups / rollouts): {100 * share:.1f}%.\n"
-    return f"### {STUDIES[study]}\n\n{md}{note}{dps_table(summary, study, scale, out_root)}", summary
+    tables = dps_table(summary, study, scale, out_root) + rule_table(summary, study, scale, out_root)
+    return f"### {STUDIES[study]}\n\n{md}{note}{tables}", summary
+
+
+def rule_table(summary: dict, study: str, scale: str, out_root: Path) -> str:
+    """SARA's rule at work, per arm that runs it: the verdicts at each probe size (committed / continued / abandoned,
+    % of the groups decided there) and the share of steps with the fitted prior at a clip."""
+    arms = {label: s for label, s in summary.items() if s["verdicts"]}
+    if not arms:
+        return ""
+    sizes = sorted({j for s in arms.values() for j in s["verdicts"]})
+    header = [
+        "method",
+        *[f"at {j}: committed / continued / abandoned (%)" for j in sizes],
+        "steps with the prior at a clip (%)",
+    ]
+    rows = [[label, *[" / ".join(f"{100 * x:.1f}" for x in s["verdicts"][j]) if j in s["verdicts"] else "n/a"
+                      for j in sizes], percent(s["prior_clip"])] for label, s in arms.items()]  # fmt: skip
+    md = write_table(out_root / f"sara-{scale}" / f"{study}_rule", header, rows)
+    return f"\nSARA's rule at work (the groups decided at each probe size, all steps and seeds):\n\n{md}"
 
 
 def dps_table(summary: dict, study: str, scale: str, out_root: Path) -> str:
@@ -309,42 +368,81 @@ def dps_table(summary: dict, study: str, scale: str, out_root: Path) -> str:
     return f"\nDPS's predictor, mean over steps (GRPO: its share of mixed groups):\n\n{md}"
 
 
+# The abstract's claims, as it states them: (claim, tested row, reference row, quantity, the direction it claims).
+# Accuracy is final Pass@1 in pp (tested minus reference); rollouts is the saving against the reference in %.
+ABSTRACT_CLAIMS = [
+    ("SARA matches DPS (Pass@1)", "sara", "dps", "pass1", "equal"),
+    ("DPS is below the DS oracle (Pass@1)", "dps", "ds", "pass1", "below"),
+    ("SARA is below the DS oracle (Pass@1)", "sara", "ds", "pass1", "below"),
+    ("SARA uses 22% fewer rollouts than DS (generated)", "sara", "ds", "generated", "fewer"),
+    ("SARA+DPS is slightly above DS (Pass@1)", "sara+dps", "ds", "pass1", "above"),
+    ("SARA+DPS uses 67% fewer rollouts than DS (generated)", "sara+dps", "ds", "generated", "fewer"),
+]
+SUITE_ADDS = [  # what this suite adds, kept apart from the abstract's claims
+    ("SARA+SERA against SARA (Pass@1)", "sara+sera", "sara", "pass1", "above"),
+    ("SARA+SERA against SARA+MaxRL (Pass@1): SERA's advantage with SARA's allocation", "sara+sera", "sara+maxrl",
+     "pass1", "above"),
+    ("SARA+SERA uses fewer rollouts per gradient rollout than DS", "sara+sera", "ds", "gradient", "fewer"),
+]  # fmt: skip
+
+
+def seed_values(summary: dict, tested: str, against: str, quantity: str) -> list[float]:
+    """Per seed both rows ran: tested minus reference Pass@1 (pp), or the saving in rollouts generated (or generated
+    per gradient rollout) against the reference (%)."""
+    a, b = reference(summary, tested), reference(summary, against)
+    if not a or not b:
+        return []
+    out = []
+    for seed in sorted(set(a["per_seed"]) & set(b["per_seed"])):
+        x, y = a["per_seed"][seed], b["per_seed"][seed]
+        if quantity == "pass1" and x["pass1"] is not None and y["pass1"] is not None:
+            out.append(100 * (x["pass1"] - y["pass1"]))
+        elif quantity == "generated" and x["generated"] and y["generated"]:
+            out.append(100 * (1 - x["generated"] / y["generated"]))
+        elif quantity == "gradient" and x["effective"] and y["effective"]:
+            out.append(100 * (1 - (x["generated"] / x["effective"]) / (y["generated"] / y["effective"])))
+    return out
+
+
+def reading(values: list[float], direction: str) -> str:
+    """What the seed-level 95% t-interval says of a claimed direction: decided for or against it, or not decided."""
+    if len(values) < 2:
+        return "one seed: no interval" if values else "not run"
+    ci = seed_t_interval(np.asarray(values))
+    if direction == "equal":
+        return "differ" if ci.low > 0 or ci.high < 0 else "no difference detected at this power"
+    sign = {"below": -1, "above": 1, "fewer": 1}[direction]
+    if (ci.low > 0 and sign > 0) or (ci.high < 0 and sign < 0):
+        return "as claimed"
+    if (ci.high < 0 and sign > 0) or (ci.low > 0 and sign < 0):
+        return "against the claim"
+    return "not decided at this power"
+
+
+def claim_rows(summaries: dict[str, dict], spec: list[tuple]) -> list[str]:
+    rows = []
+    for study, summary in summaries.items():
+        for claim, tested, against, quantity, direction in spec:
+            values = seed_values(summary, tested, against, quantity)
+            unit = "pp" if quantity == "pass1" else "% fewer"
+            if len(values) >= 2:
+                ci = seed_t_interval(np.asarray(values))
+                measured = f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] {unit}"
+            else:
+                measured = f"{values[0]:+.2f} {unit}" if values else "n/a"
+            each = ", ".join(f"{v:+.2f}" for v in values)
+            rows.append(f"| {study} | {claim} | {measured} | {len(values)} | {each} | {reading(values, direction)} |")
+    return rows
+
+
 def claims(summaries: dict[str, dict]) -> str:
-    """The abstract's claims, checked against each study's numbers: savings per rollout generated and per trained
-    rollout (the caps named), and Pass@1; the mean over seeds, with each seed's value when there are several."""
-    lines = ["## Against the SARA abstract", "", ABSTRACT, "",
-             "| study | SARA vs DS rollouts | SARA vs DS per trained rollout | SARA+DPS vs DS rollouts | "
-             "SARA+DPS vs DS per trained rollout | caps (DS / SARA) | Pass@1: DS / DPS / SARA / SARA+DPS (%) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for study, s in summaries.items():
-        ds = reference(s, "ds")
-
-        def saving(name, trained: bool, ds=ds, s=s) -> str:
-            row = reference(s, name)
-            if not row or not ds:
-                return "n/a"
-            cost = (lambda x: per_trained(x)) if trained else (lambda x: x.get("generated"))
-            mean = f"{100 * (1 - cost(row) / cost(ds)):.0f}% fewer" if cost(row) and cost(ds) else "n/a"
-            seeds = sorted(set(row["per_seed"]) & set(ds["per_seed"]))
-            if len(seeds) < 2 or mean == "n/a":
-                return mean
-            each = [1 - cost(row["per_seed"][i]) / cost(ds["per_seed"][i]) for i in seeds]
-            return f"{mean} (seeds: {', '.join(f'{100 * e:.0f}%' for e in each)})"
-
-        def accuracy(name, s=s) -> str:
-            row = reference(s, name)
-            if not row:
-                return "n/a"
-            mean = percent(row["passk"].get(1))
-            if len(row["per_seed"]) < 2:
-                return mean
-            return f"{mean} ({', '.join(percent(v['pass1']) for _, v in sorted(row['per_seed'].items()))})"
-
-        caps = f"{ds.get('cap') or 'n/a'} / {reference(s, 'sara').get('cap') or 'n/a'}"
-        acc = " / ".join(accuracy(m) for m in ("ds", "dps", "sara", "sara+dps"))
-        lines.append(f"| {study} | {saving('sara', False)} | {saving('sara', True)} | {saving('sara+dps', False)} | "
-                     f"{saving('sara+dps', True)} | {caps} | {acc} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    """The abstract's claims as it states them, each read with the seed-level 95% t-interval over the seeds both rows
+    ran; then what this suite adds, apart. Savings are per seed, 1 - tested / reference."""
+    header = ["| study | claim | measured [seed 95% t] | seeds | per seed | reading |", "|---|---|---|---|---|---|"]
+    return "\n".join(
+        ["## Against the SARA abstract", "", ABSTRACT, "", *header, *claim_rows(summaries, ABSTRACT_CLAIMS), "",
+         "## What this suite adds (not the abstract's claims)", "", *header, *claim_rows(summaries, SUITE_ADDS)]
+    ) + "\n"  # fmt: skip
 
 
 def figure(summaries: dict[str, dict], stem: Path) -> None:

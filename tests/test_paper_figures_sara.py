@@ -52,7 +52,9 @@ def test_table_and_claims_from_runs(tmp_path):
     write_run(root, "ds", [step(400, 100, 100, **ds)] * 4)
     write_run(root, "ds", [step(600, 100, 100, **ds)] * 3 + [step(600, 50, 50, **(ds | {"alloc/hit_wave_cap": 1,
               "alloc/shortfall": 1, "alloc/groups_committed": 1}))], seed=1)  # fmt: skip
-    sara_step = {"alloc/abandon_error_mean": 0.1, "alloc/groups_committed": 2, "alloc/hit_wave_cap": 0}
+    sara_step = {"alloc/abandon_error_mean": 0.1, "alloc/groups_committed": 2, "alloc/hit_wave_cap": 0,
+                 "alloc/committed_at": [0, 0, 1, 0, 1], "alloc/continued_at": [0, 0, 1, 0, 0],
+                 "alloc/abandoned_at": [0, 0, 2, 0, 1], "alloc/prior_a0": 0.05, "alloc/prior_b0": 50.0}  # fmt: skip
     empty = {"alloc/generated": 50, "train/skipped_empty": 1, "alloc/groups_committed": 0, "alloc/hit_wave_cap": 1,
              "alloc/shortfall": 2}  # fmt: skip
     for seed in (0, 1):
@@ -87,9 +89,19 @@ def test_table_and_claims_from_runs(tmp_path):
     assert dps_rows["DPS (dps_ratio=64, dps_decay=0.7)"]["predicted P(partial) of the selected (%)"] == "60.00"
     assert dps_rows["DPS"]["observed partial (%)"] == "25.00"
     assert dps_rows["GRPO (uniform)"]["observed partial (%)"] == "50.00"  # (1 + 0 + 1 + 2) / 2 / 4 steps
-    claim = "| imagenet | 52% fewer (seeds: 41%, 60%) | 26% fewer (seeds: 1%, 42%) | n/a | n/a | 10 rounds / 16 waves |"
-    assert claim in text  # seed 0: 1 - 950/1600 and 1 - 3.958/4; seed 1: 1 - 950/2400 and 1 - 3.958/6.857
-    assert "| 3.00 (3.00, 3.00) / 3.00 / 3.00 (3.00, 3.00) / n/a |" in text  # DPS: the default row
+    # the abstract's claims, seed by seed: SARA's saving is 1 - 950/1600 on seed 0 and 1 - 950/2400 on seed 1
+    claim = "| imagenet | SARA uses 22% fewer rollouts than DS (generated) | +50.52 [-75.22, +176.26] % fewer | 2 |"
+    assert claim + " +40.62, +60.42 | not decided at this power |" in text
+    assert "| imagenet | SARA matches DPS (Pass@1) | +0.00 pp | 1 | +0.00 | one seed: no interval |" in text
+    assert "| imagenet | SARA+DPS is slightly above DS (Pass@1) | n/a | 0 |  | not run |" in text  # unfinished
+    assert text.index("## What this suite adds") > text.index("SARA+DPS uses 67% fewer")
+    rule = rows_of(tmp_path / "out" / "sara-x" / "imagenet_rule.csv")["SARA"]
+    assert rule["at 2: committed / continued / abandoned (%)"] == "25.0 / 25.0 / 50.0"
+    assert rule["at 4: committed / continued / abandoned (%)"] == "50.0 / 0.0 / 50.0"
+    assert rule["steps with the prior at a clip (%)"] == "100.00"  # (0.05, 50) on every step that fits one
+    # per rollout that carries a gradient: DS 2000/375, SARA 950/240, the same as per trained here (all mixed)
+    assert rows["SARA"]["generated per gradient rollout"] == "3.96"
+    assert rows["SARA"]["vs DS per gradient rollout"] == "-26%"
     assert (tmp_path / "out" / "sara-x" / "pass1_vs_rollouts.png").exists()
 
 
