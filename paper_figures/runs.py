@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from sera.identity import result_settings
 from sera.methods import METHODS
 from sera.passk import pass_at_k
-from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE, comparable_config
+from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE
 
 # Config keys that do not change what a run measures (so runs differing only in these may share a row).
-NON_RESULT_KEYS = ("seed", "threads", "progress", "wandb", "device", "run", "data.workers")
 CORRUPT_FINAL = "corrupt final record"
 UNFINISHED = "unfinished"
 
@@ -192,24 +192,12 @@ def mean_over(runs: list[Run], fn) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v if not isinstance(v, list) else tuple(v)
-    return out
-
-
 def setting(run: Run) -> tuple:
     """Everything in the config that changes results, except the seed: runs with equal settings are seeds of one row.
-    Settings a run does not read, and settings added later at their old value, are left out
-    (sera.runlog.comparable_config), so runs made before such a setting existed group with runs made after."""
-    flat = _flatten(comparable_config(run.config))
-    keep = {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in NON_RESULT_KEYS)}
-    return tuple(sorted(keep.items()))
+    The same settings that name a run's folder and refuse a different config in it (sera.identity.result_settings):
+    settings a run does not read, and settings added later at their old value, are left out, so runs made before
+    such a setting existed group with runs made after."""
+    return tuple(sorted((k, v) for k, v in result_settings(run.config).items() if k != "seed"))
 
 
 def group_runs(runs: list[Run]) -> list[list[Run]]:

@@ -31,8 +31,9 @@ import numpy as np
 
 from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import Run, group_runs, load_runs, mean_over, method_label, method_order, status_tags, tagged
+from sera.identity import ADDED_DEFAULTS
 from sera.methods import METHODS
-from sera.runlog import ADDED_DEFAULTS, TRAIN_POOL_SET
+from sera.runlog import TRAIN_POOL_SET
 from sera.sequential import PRIOR_CLIP, SequentialSettings
 from sera.stats import seed_t_interval
 

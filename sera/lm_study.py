@@ -16,8 +16,9 @@ from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from sera import identity
 from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
 from sera.lm_loop import LoopSettings
 from sera.methods import MethodSettings, Study
@@ -54,10 +55,24 @@ def study_root(cfg, *parts: str) -> Path:
     return Path(cfg.run.root, f"{cfg.experiment}-{cfg.scale_name}", *parts)
 
 
-def run_name(cfg, settings: MethodSettings) -> str:
-    """<method>[variant]-<aggregation>_n0-<n0>_seed-<seed>, or run.name when set."""
-    method = settings.method.name + settings.variant(name_default_source=False)
-    return cfg.run.name or f"{method}-{settings.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+def run_name(cfg, settings: MethodSettings, default: dict | None = None) -> str:
+    """<method>[variant]-<aggregation>_n0-<n0>[_<other settings that differ from the default>]_seed-<seed>
+    (sera.identity.run_name), or run.name when set. `default`: the config to compare with (None: the scale's and
+    method's, from Hydra)."""
+    if cfg.run.name:
+        return cfg.run.name
+    stem = f"{settings.method.name}{settings.variant(name_default_source=False)}-{settings.aggregation}_n0-{cfg.n0}"
+    config = OmegaConf.to_container(cfg, resolve=True)
+    default = default if default is not None else identity.hydra_default()
+    return identity.run_name(stem, cfg.seed, config, default, identity.LM_STEM_KEYS)
+
+
+def base_path(root: Path, cfg, base_config: Callable) -> Path:
+    """root/base[_<settings that differ from the default's>]_seed-<s>: the folder of the base run that a config's RL
+    runs share; base_config(cfg) gives the base run's config (sera.identity.run_name names it)."""
+    default = identity.hydra_default()
+    default_base = base_config(OmegaConf.create(default)) if default is not None else None
+    return root / identity.run_name("base", cfg.seed, base_config(cfg), default_base)
 
 
 def make_engine(cfg, model, source, eos_id, pad_id):

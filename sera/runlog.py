@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from sera.identity import describe, differences
+
 # The file names of a run directory: the one place both sides of the contract (the loops that write, paper_figures
 # that reads) take them from.
 CONFIG_FILE = "config.yaml"  # the resolved config
@@ -41,10 +43,6 @@ def alloc_snapshot_file(step: int) -> str:
     return f"alloc_step{step}.npz"
 
 
-# Keys that may differ between an interrupted run and its resumption without changing its results.
-RESUME_IGNORED_KEYS = ("threads", "wandb", "progress", "run")
-
-
 class RunExistsError(RuntimeError):
     """The run directory holds a finished run, or an unfinished run with another config."""
 
@@ -66,11 +64,8 @@ def read_config(path: Path) -> dict:
 
 
 def config_changes(previous: dict, config: dict) -> list[str]:
-    """The top-level keys in which two run configs differ in what changes a result (sorted)."""
-    previous, config = comparable_config(previous), comparable_config(config)
-    return sorted(
-        k for k in set(previous) | set(config) if k not in RESUME_IGNORED_KEYS and previous.get(k) != config.get(k)
-    )
+    """The dotted keys in which two run configs differ in what changes a result (sera.identity), sorted."""
+    return [key for key, _, _ in differences(previous, config)]
 
 
 def check_same_config(path: Path, config: dict) -> None:
@@ -86,71 +81,16 @@ def check_same_config(path: Path, config: dict) -> None:
                 f"and resuming could mix two configs; delete the directory to start over (or restore {CONFIG_FILE})."
             )
         return
-    changed = config_changes(read_config(path), config)
+    changed = differences(read_config(path), config)
     started = any((path / name).exists() for name in (METRICS_FILE, CHECKPOINT_FILE, DONE_FILE))
     if changed and started:  # a config.yaml alone (a run that failed at start-up) holds no work: it may be replaced
         state = "a finished" if (path / DONE_FILE).exists() else "an unfinished"
         raise RunExistsError(
-            f"{path} holds {state} run with a different config (differs in: {changed}); delete it to start over, "
-            "or rerun with the original config."
+            f"{path} holds {state} run with a different config: {describe(changed)}. A setting that differs from the "
+            "default names its run's folder, so this happens when a default changed or run.name was reused: rerun "
+            "with the original setting, give this run its own folder with run.name=..., or delete the folder to "
+            "start over."
         )
-
-
-# Settings added after runs existed, with the value those runs had (their key path): a config holding one at this
-# value is the same run as a config without it. SARA's prior: runs made before it existed used the flat prior (the
-# fitted priors' window and decay did not exist either); eval.at_start and train.log_coverage add measurements only.
-ADDED_DEFAULTS = {
-    ("train", "parallel"): "ddp",
-    ("train", "logprobs"): "repeated-cache",
-    ("method", "sequential", "prior"): "flat",
-    ("method", "sequential", "window"): 20,
-    ("method", "sequential", "history_decay"): 0.7,
-    ("eval", "at_start"): False,
-    ("train", "log_coverage"): False,
-    ("sft", "problems"): None,
-    ("sft", "noise_p"): 0.0,
-    ("sft", "noise_width"): 5,
-}
-
-
-def _without(config: dict, path: tuple[str, ...], value) -> dict:
-    """The config less the key at `path` when it holds `value` (the dicts along the path copied, never mutated)."""
-    head, *rest = path
-    node = config.get(head) if isinstance(config, dict) else None
-    if not rest:
-        return {k: v for k, v in config.items() if k != head} if head in config and node == value else config
-    if not isinstance(node, dict):
-        return config
-    return {**config, head: _without(node, tuple(rest), value)}
-
-
-def comparable_config(config: dict) -> dict:
-    """The config less what its run does not read (of method.sequential, only the settings its allocator reads, none
-    for the batch allocators; the vllm block unless engine=vllm; of optim.lr_by_method, only the run's own rate, as
-    optim.lr) and less ADDED_DEFAULTS at their default, so a run made before such a setting existed is still the same
-    run. Used to refuse a different config in a run directory and to group seeds in the tables."""
-    from sera.methods import METHODS
-
-    if "vllm" in config and config.get("engine") != "vllm":
-        config = {k: v for k, v in config.items() if k != "vllm"}
-    method = config.get("method")
-    if isinstance(method, dict) and isinstance(method.get("sequential"), dict):
-        entry = METHODS.get(method.get("name"))
-        if entry is None:
-            reads = set(method["sequential"])
-        else:
-            reads = set(entry.sampler.reads)
-        sequential = {k: v for k, v in method["sequential"].items() if k in reads}
-        method = {k: v for k, v in method.items() if k != "sequential"} | ({"sequential": sequential} if reads else {})
-        config = {**config, "method": method}
-    optim = config.get("optim")
-    if isinstance(optim, dict) and "lr_by_method" in optim:  # of the per-method rates, only the one the run trains with
-        name = method.get("name") if isinstance(method, dict) else None
-        lr = (optim["lr_by_method"] or {}).get(name, optim.get("lr"))
-        config = {**config, "optim": {k: v for k, v in optim.items() if k != "lr_by_method"} | {"lr": lr}}
-    for path, default in ADDED_DEFAULTS.items():
-        config = _without(config, path, default)
-    return config
 
 
 def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:

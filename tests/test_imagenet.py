@@ -276,8 +276,15 @@ def test_finished_run_is_never_overwritten(tmp_path):
     assert again.returncode != 0 and "finished run" in again.stderr, again.stderr[-4000:]
     skip = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", "run.if_finished=skip")
     assert "skipping" in skip.stdout
-    other = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", "optim.lr=0.1", check=False)
-    assert other.returncode != 0 and "different config" in other.stderr, other.stderr[-4000:]
+    # a setting that differs from the default is an ablation: its own folder, named by the setting (sera.identity)
+    run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", "optim.lr=0.1")
+    assert sorted(p.name for p in (tmp_path / "imagenet-smoke").iterdir() if not p.name.startswith(".")) == [
+        "maxrl_n0-16_optim.lr=0.1_seed-0", "maxrl_n0-16_seed-0"]  # fmt: skip
+    # the same folder with another config (run.name reused) is refused, naming the setting and both values
+    other = run_cli(tmp_path, "scale=imagenet/smoke", "method=maxrl", "optim.lr=0.2", "run.name=maxrl_n0-16_seed-0",
+                    check=False)  # fmt: skip
+    assert other.returncode != 0 and "optim.lr: 0.003 there, 0.2 here" in other.stderr, other.stderr[-4000:]
+    assert "run.name=" in other.stderr  # and says what to do
 
 
 def test_bad_cli_input_fails_before_creating_a_run(tmp_path):

@@ -495,7 +495,7 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
         "grpo-token-mean_n0-8_seed-0",
         "maxrl-seqnorm_n0-8_seed-0",
         "maxrl-token-mean_n0-8_seed-0",
-        "pkpo-token-mean_n0-8_seed-0",
+        "pkpo-token-mean_n0-8_method.pkpo_k=4_seed-0",  # a setting off the default names the folder (PKPO's only)
         "sera-m2-seqnorm_n0-8_seed-0",
         "sera-m2-token-mean_n0-8_seed-0",
     ]

@@ -114,7 +114,7 @@ def test_extend_continues_a_shorter_run_to_the_run_a_fresh_config_makes(tmp_path
 
     run(toy_cfg(tmp_path, "train.steps=6", "run.name=fresh"))
     run(toy_cfg(tmp_path, "run.name=ext"))  # 3 steps, finished
-    with pytest.raises(RunExistsError, match="differs in"):  # without extend a longer config is refused
+    with pytest.raises(RunExistsError, match="different config: train.steps"):  # no extend: a longer one is refused
         run(toy_cfg(tmp_path, "train.steps=6", "run.name=ext"))
     with pytest.raises(RunExistsError, match="also differs in"):  # extend changes train.steps only
         run(toy_cfg(tmp_path, "train.steps=6", "run.name=ext", "run.if_finished=extend", "optim.lr=2e-4"))

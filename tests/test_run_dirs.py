@@ -133,7 +133,8 @@ def classifier_cmd(root, *extra):
 def test_two_concurrent_launches_exactly_one_runs(tmp_path):
     cmd = classifier_cmd(tmp_path, "train.steps=300", "eval.every=100")
     first = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "imagenet-smoke" / "sera-m8_n0-16_seed-0" / METRICS_FILE
+    # the two overrides differ from the smoke scale's defaults, so they name the run's folder (sera.identity)
+    metrics = tmp_path / "imagenet-smoke" / "sera-m8_n0-16_eval.every=100,train.steps=300_seed-0" / METRICS_FILE
     deadline = time.time() + 120
     while not metrics.exists() and time.time() < deadline and first.poll() is None:
         time.sleep(0.1)
@@ -157,11 +158,15 @@ def test_nonfinite_training_stops_without_done(tmp_path):
     assert not (run / "DONE").exists()
 
 
+# the settings off the smoke scale's defaults name the folder (sera.identity); pilot_m is the stem's -m4
+KILLED_RUN = "sera-m4_n0-16_eval.every=5,train.steps=40_seed-0"
+
+
 def run_with_kills(root, kills: int, seed: int) -> int:
     """Run the smoke command, SIGKILLing it at random moments `kills` times, then once more to the end."""
     rng = random.Random(seed)
     cmd = classifier_cmd(root, "train.steps=40", "run.checkpoint_every=2", "eval.every=5", "method.pilot_m=4")
-    done = root / "imagenet-smoke" / "sera-m4_n0-16_seed-0" / "DONE"
+    done = root / "imagenet-smoke" / KILLED_RUN / "DONE"
     killed = 0
     while killed < kills and not done.exists():
         proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -176,7 +181,7 @@ def run_with_kills(root, kills: int, seed: int) -> int:
 
 
 def records_and_result(root):
-    run = root / "imagenet-smoke" / "sera-m4_n0-16_seed-0"
+    run = root / "imagenet-smoke" / KILLED_RUN
     records = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run / METRICS_FILE)]
     done = {k: v for k, v in json.loads((run / "DONE").read_text()).items() if not k.startswith("time/")}
     return records, done, np.load(run / "val_p.npy")

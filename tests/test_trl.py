@@ -215,9 +215,8 @@ def test_other_refusals(tmp_path, monkeypatch):
 
 
 def readme_example() -> str:
-    """The python block of README.md's section "SERA inside TRL"."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## SERA inside TRL") :]
+    """The first python block of docs/trl.md, the page "SERA inside TRL"."""
+    section = open(os.path.join(ROOT, "docs", "trl.md")).read()
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -225,7 +224,7 @@ def readme_example() -> str:
 def test_readme_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    exec(compile(readme_example(), "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    exec(compile(readme_example(), "docs/trl.md", "exec"), namespace)  # noqa: S102 - the page's own example
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 2 and trainer.last_step.counts.sum() == 4 * 8
 

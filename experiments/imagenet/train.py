@@ -48,6 +48,7 @@ from experiments.imagenet.policy import (
     sequential_rollouts,
     step_metrics,
 )
+from sera import identity
 from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings
@@ -91,12 +92,14 @@ def validate(cfg) -> MethodSettings:
     return settings
 
 
-def run_name(cfg, settings: MethodSettings) -> str:
-    """Directory name from the config: method (+ p_hat variant), n0, seed. Never a timestamp."""
+def run_name(cfg, settings: MethodSettings, default: dict | None = None) -> str:
+    """Directory name from the config (sera.identity.run_name): method (+ p_hat variant), n0, every other setting that
+    differs from `default` (None: the scale's and method's, from Hydra), seed; run.name when set. Never a timestamp."""
     if cfg.run.name:
         return cfg.run.name
-    name = settings.method.name + settings.variant()
-    return f"{name}_n0-{settings.n0}_seed-{cfg.seed}" if settings.is_rl else f"{name}_seed-{cfg.seed}"
+    stem = settings.method.name + settings.variant() + (f"_n0-{settings.n0}" if settings.is_rl else "")
+    default = default if default is not None else identity.hydra_default()
+    return identity.run_name(stem, cfg.seed, OmegaConf.to_container(cfg, resolve=True), default)
 
 
 def rng_states(sample_gen: torch.Generator) -> list:
@@ -325,7 +328,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         initial=start,
         total=total_steps,
         disable=not cfg.progress or rank != 0,
-        desc=run_name(cfg, settings),
+        desc=run_dir.path.name if run_dir is not None else f"rank {rank}",
         unit="step",
         mininterval=0.1 if sys.stderr.isatty() else 5.0,
     )

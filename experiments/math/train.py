@@ -39,7 +39,7 @@ from experiments.math.prompts import TEMPLATES
 from experiments.math.sft import train_base
 from experiments.math.task import EVAL_ID_BASE, MathTask
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
-from sera.lm_study import base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
+from sera.lm_study import base_path, base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
 from sera.methods import MethodSettings, Study
 from sera.threads import set_torch_threads
 
@@ -206,7 +206,7 @@ def run(cfg: DictConfig) -> dict:
     settings, loop = validate(cfg)
     threads = set_torch_threads(cfg.threads)
     device, root = resolve_device(cfg), study_root(cfg, cfg.model.name)
-    base = root / f"base_seed-{cfg.seed}"
+    base = base_path(root, cfg, base_config)
 
     def prepare():
         problems = load_problems(cfg)  # missing data or weights: a clear error before any work

@@ -20,7 +20,7 @@ from experiments.maze.model import PRESETS, build_model
 from experiments.maze.sft import base_config, train_base
 from experiments.maze.task import EVAL_SET, MazeTask
 from sera.lm_loop import LoopSettings, evaluate_into, run_rl
-from sera.lm_study import base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
+from sera.lm_study import base_path, base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine
 from sera.threads import set_torch_threads
@@ -43,10 +43,15 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     return settings, loop
 
 
+def base_run_config(cfg) -> dict:
+    """The base run's config: what its model and its evaluation depend on."""
+    return {**base_config(cfg), "experiment": "maze-base", "eval": OmegaConf.to_container(cfg.eval)}
+
+
 def ensure_base(cfg, loop: LoopSettings, root: Path, device: str) -> Path:
     """The shared base model: trained (and evaluated) once, reused by every RL run of the same settings."""
-    config = {**base_config(cfg), "experiment": "maze-base", "eval": OmegaConf.to_container(cfg.eval)}
-    path = root / f"base_seed-{cfg.seed}"
+    config = base_run_config(cfg)
+    path = base_path(root, cfg, base_run_config)
 
     def train_and_evaluate(run_dir):
         torch.manual_seed(cfg.seed)
