@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast docs test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
+.PHONY: help install test test-fast docs ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -102,6 +102,16 @@ ifeq ($(SCALE),cpu)
 endif
 	$(PY) -m paper_figures.imagenet table2 --scale $(SCALE)
 	$(COMPARE) imagenet-$(SCALE)
+
+STUDY ?= imagenet
+METHOD ?= sera
+ablate: install ## any setting: STUDY=imagenet|maze|math SETTING=<config key> VALUES=a,b,c SEEDS=0,1,2 [METHOD=sera] [SCALE=cpu]; then a table and a plot against the first value
+	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
+	$(ARCHIVE) restore --folder $(STUDY)-$(SCALE)
+	$(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
+		scale=$(STUDY)/$(SCALE) method=$(METHOD) $(SETTING)=$(VALUES) seed=$(SEEDS)
+	$(ARCHIVE) save --folder $(STUDY)-$(SCALE)
+	$(PY) -m paper_figures.ablate --study $(STUDY) --scale $(SCALE) --method $(METHOD) --setting $(SETTING) --values $(VALUES)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16), SCALE=cpu|paper
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 seed=$(SEEDS)

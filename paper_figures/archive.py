@@ -6,9 +6,9 @@ tables from every seed run so far. No torch.
 
 save: every finished run under runs/<folder>/ (a directory with DONE, at any depth: math runs sit under the model's
 name) that the archive lacks is copied to <archive>/<folder>/, records only: its config, DONE, metrics (gzipped),
-numeric fingerprint (numerics.json) and per-question evaluation records; never checkpoints, model weights or locks. An
-archived run is never written over: a run of the same name that is already archived with the same config is left
-alone, one with another config is refused
+numeric fingerprint (numerics.json) and per-question evaluation records (the classifier's: val_p.npy); never
+checkpoints, model weights or locks. An archived run is never written over: a run of the same name that is already
+archived with the same config is left alone, one with another config is refused
 (a changed default makes new runs: move the old archive aside first).
 
 restore: every archived run that runs/<folder>/ lacks is copied back, marked ARCHIVED. `run.if_finished=skip` then
@@ -34,6 +34,7 @@ from sera.runlog import (
     DONE_FILE,
     EVAL_RECORD,
     METRICS_FILE,
+    VAL_P_FILE,
     RunExistsError,
     check_same_config,
 )
@@ -44,7 +45,10 @@ PARTIAL = (".saving-", ".restoring")  # a copy under way: renamed to the run's n
 
 def kept(name: str) -> bool:
     """The files of a run the archive keeps: what the tables and figures read."""
-    return name in (CONFIG_FILE, DONE_FILE, METRICS_FILE, NUMERICS_FILE) or EVAL_RECORD.fullmatch(name) is not None
+    return (
+        name in (CONFIG_FILE, DONE_FILE, METRICS_FILE, NUMERICS_FILE, VAL_P_FILE)
+        or EVAL_RECORD.fullmatch(name) is not None
+    )
 
 
 def finished_runs(root: Path) -> list[Path]:
