@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sera.collect import SAMPLERS, Sampler
+from sera.estimation import P_HI, P_LO
 from sera.sequential import SequentialSettings
 
 ESTIMATORS = ("none", "pilot", "history", "oracle")  # how p_hat is obtained (docs/design.md section 3)
@@ -116,11 +117,27 @@ class MethodSettings:
             raise ValueError(
                 f"method=common is the shared base of the method files, not a method; choose from {', '.join(METHODS)}"
             )
+        return cls.build(
+            study, str(name), int(cfg.n0), estimator=mc.estimator, pilot_m=mc.pilot_m, p_lo=mc.p_lo, p_hi=mc.p_hi,
+            aggregation=mc.aggregation, multiplicity_correction=mc.multiplicity_correction,
+            keep_cv_on_zero=bool(mc.keep_cv_on_zero), pkpo_k=int(mc.pkpo_k), n_min=cfg.alloc.n_min,
+            n_max=cfg.alloc.n_max, delta=cfg.alloc.delta, sequential=mc.get("sequential"),
+        )  # fmt: skip
+
+    @classmethod
+    def build(
+        cls, study: Study, name: str, n0: int, *, estimator: str | None = None, pilot_m: int | None = None,
+        p_lo: float = P_LO, p_hi: float = P_HI, aggregation: str = "token-mean",
+        multiplicity_correction: bool | None = None, keep_cv_on_zero: bool = False, pkpo_k: int = 16,
+        n_min: int | None = None, n_max: int | None = None, delta: int | None = None, sequential=None,
+    ) -> MethodSettings:  # fmt: skip
+        """The typed constructor (what from_config and the TRL trainer call): the registry's defaults where a setting
+        is None, every cross-field rule checked; ValueError on any bad value."""
         method = get_method(name)
         if method.advantage is None and not study.exact_likelihood:
             raise ValueError(f"{name} has no rollouts; the {study.name} study needs an RL method")
-        estimator = mc.estimator if mc.estimator is not None else method.estimator
-        pilot_m = mc.pilot_m if mc.pilot_m is not None else (method.pilot_m if estimator == "pilot" else 0)
+        estimator = estimator if estimator is not None else method.estimator
+        pilot_m = pilot_m if pilot_m is not None else (method.pilot_m if estimator == "pilot" else 0)
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")
         if estimator not in study.estimators:
@@ -140,24 +157,23 @@ class MethodSettings:
             raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
         if estimator != "pilot" and pilot_m != 0:
             raise ValueError(f"method.estimator={estimator} takes no pilots: set method.pilot_m=0")
-        if not 0 < mc.p_lo <= mc.p_hi < 1:
-            raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {mc.p_lo}, {mc.p_hi}")
-        if mc.aggregation not in AGGREGATIONS:
-            raise ValueError(f"unknown method.aggregation {mc.aggregation!r}; choose from {AGGREGATIONS}")
-        correction = mc.multiplicity_correction
+        if not 0 < p_lo <= p_hi < 1:
+            raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {p_lo}, {p_hi}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown method.aggregation {aggregation!r}; choose from {AGGREGATIONS}")
+        correction = multiplicity_correction
         if correction is None:
             correction = method.multiplicity_correction
         elif correction and not sampler.unequal_counts:
             raise ValueError(f"method.multiplicity_correction=true has no effect on {name}: every n_i = n0")
-        n0, alloc = int(cfg.n0), cfg.alloc
-        implied_delta = 0 if mc.keep_cv_on_zero else 1
-        if alloc.delta is not None and alloc.delta != implied_delta:
+        implied_delta = 0 if keep_cv_on_zero else 1
+        if delta is not None and delta != implied_delta:
             raise ValueError(
-                f"alloc.delta={alloc.delta} does not match the estimator: method.keep_cv_on_zero={mc.keep_cv_on_zero} "
+                f"alloc.delta={delta} does not match the estimator: method.keep_cv_on_zero={keep_cv_on_zero} "
                 f"gives c(p, n) = 1 - (1 - p)^(n - {implied_delta}); leave alloc.delta=null"
             )
-        n_min = alloc.n_min if alloc.n_min is not None else max(2, pilot_m)
-        n_max = alloc.n_max if alloc.n_max is not None else 8 * n0
+        n_min = n_min if n_min is not None else max(2, pilot_m)
+        n_max = n_max if n_max is not None else 8 * n0
         if method.advantage is not None:
             if n_min < 2:
                 raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
@@ -168,10 +184,10 @@ class MethodSettings:
                     f"infeasible budget: B x n0={n0} rollouts cannot be split with {n_min} <= n_i <= {n_max} "
                     "(need n_min <= n0 <= n_max; pilots count toward the budget)"
                 )
-            if method.advantage == "pkpo" and n0 < mc.pkpo_k:
-                raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {mc.pkpo_k})")
+            if method.advantage == "pkpo" and n0 < pkpo_k:
+                raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {pkpo_k})")
         try:
-            sequential = SequentialSettings(**(mc.get("sequential") or {}))
+            sequential = SequentialSettings(**(sequential or {}))
         except (TypeError, ValueError) as err:
             raise ValueError(f"method.sequential: {err}") from None
         if sampler.prior and not sequential.k0 <= n0:  # SARA's first probe (DS and DPS draw whole groups)
@@ -181,12 +197,12 @@ class MethodSettings:
                              "recur (a finite pool); use prior=population")  # fmt: skip
         adv_kwargs = {}
         if method.advantage == "maxrl":
-            adv_kwargs = {"keep_cv_on_zero": bool(mc.keep_cv_on_zero)}
+            adv_kwargs = {"keep_cv_on_zero": bool(keep_cv_on_zero)}
         elif method.advantage == "pkpo":
-            adv_kwargs = {"k": int(mc.pkpo_k)}
+            adv_kwargs = {"k": int(pkpo_k)}
         return cls(
-            method, n0, estimator, int(pilot_m), float(mc.p_lo), float(mc.p_hi), int(n_min), int(n_max),
-            implied_delta, bool(correction), str(mc.aggregation), adv_kwargs, sequential,
+            method, int(n0), estimator, int(pilot_m), float(p_lo), float(p_hi), int(n_min), int(n_max),
+            implied_delta, bool(correction), str(aggregation), adv_kwargs, sequential,
         )  # fmt: skip
 
     def variant(self, name_default_source: bool = True) -> str:

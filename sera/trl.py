@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import trl
 from accelerate.utils import gather, gather_object
-from omegaconf import OmegaConf
 from trl import GRPOConfig, GRPOTrainer
 
 from sera.advantages import ADVANTAGES
@@ -100,6 +99,10 @@ class SERAGRPOConfig(GRPOConfig):
     multiplicity_correction: bool | None = field(
         default=None, metadata={"help": "SERA: weight each rollout by n0 / n_i (null: on for sera)"}
     )
+    scale_rewards: str = field(
+        default="none",
+        metadata={"help": "must stay 'none': MaxRL's advantage normalises by the group's mean reward, never its std"},
+    )
     prompt_id_column: str = field(
         default="prompt_id", metadata={"help": "estimator=history: the dataset column that identifies a prompt"}
     )
@@ -123,19 +126,25 @@ class SERAGRPOConfig(GRPOConfig):
                 "token's gradient by epsilon_high (not the suite's token-mean); set epsilon_high >= 1 (CISPO's own "
                 "setting is about 5)"
             )
-        cfg = OmegaConf.create(
-            {
-                "n0": self.num_generations,
-                "method": {
-                    "name": self.method, "estimator": self.estimator, "pilot_m": self.pilot_m, "p_lo": self.p_lo,
-                    "p_hi": self.p_hi, "multiplicity_correction": self.multiplicity_correction,
-                    "keep_cv_on_zero": self.keep_cv_on_zero, "pkpo_k": 16,
-                    "aggregation": LOSS_AGGREGATION[self.loss_type],
-                },
-                "alloc": {"n_min": self.n_min, "n_max": self.n_max, "delta": None},
-            }
+        if self.scale_rewards != "none":
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is not honoured: MaxRL's advantage divides by the group's mean "
+                "reward, never by its std; set scale_rewards='none' (SERAGRPOConfig's default)"
+            )
+        settings = MethodSettings.build(
+            STUDY, self.method, self.num_generations, estimator=self.estimator, pilot_m=self.pilot_m, p_lo=self.p_lo,
+            p_hi=self.p_hi, aggregation=LOSS_AGGREGATION[self.loss_type],
+            multiplicity_correction=self.multiplicity_correction, keep_cv_on_zero=self.keep_cv_on_zero,
+            n_min=self.n_min, n_max=self.n_max,
         )  # fmt: skip
-        return MethodSettings.from_config(cfg, STUDY)
+        if settings.sampler.unequal_counts and not settings.n_min < settings.n0 < settings.n_max:
+            raise ValueError(
+                f"SERA cannot reallocate: every prompt needs at least n_min={settings.n_min} and at most "
+                f"n_max={settings.n_max} rollouts, and num_generations={settings.n0} is the mean, so every prompt "
+                f"would get exactly {settings.n0}. Set num_generations above n_min (with pilot_m={settings.pilot_m} "
+                f"pilots, e.g. num_generations={2 * max(settings.n_min, 8)}), or lower pilot_m / n_min"
+            )
+        return settings
 
 
 @dataclass
@@ -364,6 +373,17 @@ class SERAGRPOTrainer(GRPOTrainer):
         for key, value in (collected | extra).items():
             if key != "train/reward":  # TRL logs it as `reward`
                 metrics[key].append(float(value))
+        # `reward` as GRPOTrainer logs it for a uniform run: the mean over prompts of each prompt's success rate.
+        # TRL's own value, the mean over rows, leans towards the prompts SERA gave more rollouts (the hard ones).
+        per_row = 1.0 / (step.counts.size * step.counts[step.group])  # (N,) each prompt's rows weigh 1 / B together
+        metrics["reward_allocated"].append(metrics["reward"][-1])
+        metrics["reward"][-1] = float((per_row * step.rewards).sum())
+        per_func = step.rewards_per_func.double().cpu().numpy()  # (N, F)
+        for i, name in enumerate(self.reward_func_names):
+            scored = ~np.isnan(per_func[:, i])
+            if scored.any():
+                weight = per_row[scored] / per_row[scored].sum()
+                metrics[f"rewards/{name}/mean"][-1] = float((weight * per_func[scored, i]).sum())
 
     def _evaluation_batch(self, inputs):
         """Evaluation keeps TRL's uniform groups (num_generations_eval each); its loss uses MaxRL's advantage."""
@@ -376,6 +396,10 @@ class SERAGRPOTrainer(GRPOTrainer):
         output["advantages"] = torch.as_tensor(
             advantages[rank * local : (rank + 1) * local], dtype=torch.float32, device=self.accelerator.device
         )
+        logged = self._logs["advantages"]  # the completions table shows the advantages the loss used, not GRPO's
+        for _ in range(advantages.size):
+            logged.pop()
+        logged.extend(advantages.tolist())
         self._eval_rewards = None
         return output
 

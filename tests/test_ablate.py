@@ -30,8 +30,12 @@ def table_rows(out, study, setting):
 def test_a_classifier_ablation_of_the_p_hat_clip(tmp_path):
     sweep("imagenet", tmp_path, "method=sera", "method.p_lo=0.0625,0.25", "seed=0,1")
     names = sorted(p.name for p in (tmp_path / "imagenet-smoke").iterdir() if not p.name.startswith("."))
-    assert names == ["sera-m8_n0-16_method.p_lo=0.25_seed-0", "sera-m8_n0-16_method.p_lo=0.25_seed-1",
-                     "sera-m8_n0-16_seed-0", "sera-m8_n0-16_seed-1"]  # fmt: skip  (0.0625 is the default)
+    assert names == [
+        "sera-m8_n0-16_method.p_lo=0.25_seed-0",
+        "sera-m8_n0-16_method.p_lo=0.25_seed-1",
+        "sera-m8_n0-16_seed-0",
+        "sera-m8_n0-16_seed-1",
+    ]  # fmt: skip  (0.0625 is the default)
     text = ablate.ablation_table(tmp_path, "imagenet", "smoke", "sera", "method.p_lo", ["0.0625", "0.25"], tmp_path)
     rows = table_rows(tmp_path, "imagenet", "method.p_lo")
     assert [r["method.p_lo"] for r in rows] == ["0.0625", "0.25"] and rows[1]["seeds"] == "2"

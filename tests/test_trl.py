@@ -35,6 +35,10 @@ def check_step(r: dict, method: str = "sera") -> None:
     assert logs["frac_reward_zero_std"] == pytest.approx(r["frac_zero_std"])  # on the true groups
     assert logs["completions/mean_length"] == pytest.approx(r["mean_length"])  # over both draws of the step
     assert ("alloc/tau" in logs) == ("alloc/p_hat_mean" in logs) == (method == "sera")
+    # `reward` means what it means in a uniform run; the mean over SERA's allocated rows has a name of its own
+    assert logs["reward"] == pytest.approx(r["prompt_mean_reward"])
+    assert logs["reward_allocated"] == pytest.approx(r["row_mean_reward"])
+    assert logs["rewards/first_letter_allowed/mean"] == pytest.approx(r["prompt_mean_reward"])
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo", "cispo", "vespo", "sapo"])
@@ -163,6 +167,9 @@ def test_a_non_binary_reward_stops_the_first_step(tmp_path, value, message):
         ({"estimator": "oracle"}, "unavailable"),
         ({"pilot_m": 16}, "n_min"),  # pilots beyond n0: the budget cannot hold them
         ({"method": "maxrl", "pilot_m": 4}, "pilot"),  # the suite's own rules (sera.methods)
+        ({"num_generations": 8, "pilot_m": 8}, "SERA cannot reallocate"),  # TRL's default n0 with SERA's 8 pilots
+        ({"n_max": 8}, "SERA cannot reallocate"),  # no prompt may take more than n0: every one gets n0
+        ({"scale_rewards": "group"}, "scale_rewards='group' is not honoured"),
     ],
 )
 def test_bad_settings_fail_when_the_config_is_made(tmp_path, overrides, message):

@@ -209,6 +209,11 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides
         # TRL's group statistic on the true groups: the share of rows whose group's rewards are all equal
         "frac_zero_std": float(np.mean([len(set(np.asarray(every["reward"])[group == g])) == 1 for g in group])),
         "mean_length": float(np.mean(every["length"])),
+        # the reward as a uniform run logs it (mean over prompts of each prompt's rate) and the mean over rows
+        "prompt_mean_reward": float(
+            np.mean([np.asarray(every["reward"])[group == g].mean() for g in range(counts.size)])
+        ),
+        "row_mean_reward": float(np.mean(every["reward"])),
         "grad_error": grad_error,
         "grad_scale": grad_scale,
         "logs": {k: v for k, v in run.state.log_history[0].items() if isinstance(v, int | float)},
