@@ -196,7 +196,7 @@ reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and
 tables: install ## rebuild every table into paper_figures/out/ and add new ones to results/SCALE/ (committed tables kept unless FORCE=1|<table>,...)
 	$(ARCHIVE) restore
 	$(PY) -m paper_figures.report --scale $(SCALE) --runs runs --out paper_figures/out --results results/$(SCALE) $(if $(FORCE),--force $(FORCE))
-	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.prereg --runs runs --out results/cpu)
+	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.prereg --runs runs $(if $(FORCE),--force))
 	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.claims --results results/cpu)
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)

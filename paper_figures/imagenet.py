@@ -74,9 +74,14 @@ def rl_mean(run: Run, key: str) -> float | None:
     return float(values.mean()) if values.size else None
 
 
+def exact(name: str) -> bool:
+    """The registry's exact-likelihood row (Direct CE: no rollouts, no n0, the reference gradient itself)."""
+    return name in METHODS and METHODS[name].advantage is None
+
+
 def slot(name: str, n0) -> tuple:
-    """Where a method's rows sit in Table 2: Direct CE first, then by n0 and the registry's order."""
-    return (name != "direct_ce", 0 if name == "direct_ce" else n0, method_order(name))
+    """Where a method's rows sit in Table 2: the exact likelihood (Direct CE) first, then by n0 and registry order."""
+    return (not exact(name), 0 if exact(name) else n0, method_order(name))
 
 
 def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
@@ -123,11 +128,11 @@ def reproduced_row(label: str, group: list[Run], scale: str) -> list:
     name, runs = group[0].get("method.name"), with_results(group, evaluated)
     cosines = (
         ["n/a", "n/a"]  # Direct CE is the reference gradient itself
-        if name == "direct_ce"
+        if exact(name)
         else [mean_over(runs, lambda r, k=k: rl_mean(r, k)) for k in ("grad/cos_ce", "grad/cos_expected_ce")]
     )
     return [
-        "" if name == "direct_ce" else group[0].get("n0"),
+        "" if exact(name) else group[0].get("n0"),
         label,
         f"reproduced ({group[0].get('data.name')}, {scale})",
         len(runs),
@@ -203,20 +208,20 @@ def per_seed_delta(sera: list[Run], maxrl: list[Run]) -> str:
 def training_figure(groups: list[list[Run]], stem: Path) -> None:
     """Pass@1 and gradient cosine to CE over training, one row per n0 (seed means)."""
     plt = pyplot()
-    n0s = sorted({g[0].get("n0") for g in groups if g[0].get("method.name") != "direct_ce"})
+    n0s = sorted({g[0].get("n0") for g in groups if not exact(g[0].get("method.name"))})
     if not n0s:
         return
     fig, axes = plt.subplots(len(n0s), 2, figsize=(10, 3.2 * len(n0s)), squeeze=False)
     for row, n0 in enumerate(n0s):
         for g in groups:
             name, runs = g[0].get("method.name"), with_results(g, evaluated)
-            if not runs or (name != "direct_ce" and g[0].get("n0") != n0):
+            if not runs or (not exact(name) and g[0].get("n0") != n0):
                 continue
             label = row_label(g)
             steps, values = runs[0].series("eval/pass@1")
             curves = [r.series("eval/pass@1")[1] for r in runs if r.series("eval/pass@1")[1].size == values.size]
             axes[row, 0].plot(steps, np.mean(curves, axis=0), marker="o", ms=3, label=label, color=COLORS.get(name))
-            if name != "direct_ce":
+            if not exact(name):
                 steps, values = runs[0].series("grad/cos_ce")
                 curves = [r.series("grad/cos_ce")[1] for r in runs if r.series("grad/cos_ce")[1].size == values.size]
                 axes[row, 1].plot(steps, np.mean(curves, axis=0), label=label, alpha=0.8, color=COLORS.get(name))

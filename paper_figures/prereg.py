@@ -1,6 +1,7 @@
 """The pre-registered test of the language-model claims (results/cpu/PREREGISTRATION.md), as code. No torch.
 
-Run: python -m paper_figures.prereg --runs runs --out results/cpu      (make tables runs it at SCALE=cpu)
+Run: python -m paper_figures.prereg --runs runs      (make tables runs it at SCALE=cpu; a build poorer than the
+committed results/cpu/preregistered.md, with fewer seeds or numbers, leaves it alone unless --force)
 
 Each claim is a difference of two rows paired by seed (SERA minus MaxRL; for the rows that had one seed, the method
 against MaxRL or the base model), read at a K and at evaluation steps fixed in advance. For each claim the table gives
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from paper_figures import guard
 from paper_figures.render import write_table
 from paper_figures.runs import Run, load_runs
 from sera.passk import pass_at_k
@@ -26,6 +29,7 @@ from sera.runlog import eval_record_file
 from sera.stats import seed_t_interval
 
 BASE = "base"  # a claim against the base model of the same seed
+OUT = Path(__file__).parent / "out"
 HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "decision", "paper (pp)", "vs the paper"]
 
 
@@ -158,13 +162,23 @@ def prereg_table(runs_root: Path, scale: str = "cpu") -> tuple[list[str], list[l
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--out", type=Path, default=Path("results/cpu"))
+    parser.add_argument("--out", type=Path, default=OUT, help="where the table is built")
+    parser.add_argument("--results", type=Path, default=Path("results/cpu"), help="where the committed one is")
     parser.add_argument("--scale", default="cpu")
+    parser.add_argument("--force", action="store_true", help="write over the committed table even if poorer")
     args = parser.parse_args(argv)
     header, rows = prereg_table(args.runs, args.scale)
-    write_table(args.out / "preregistered", header, rows)
-    (args.out / "preregistered.tex").unlink()  # results/ keeps markdown and CSV
-    print((args.out / "preregistered.md").read_text())
+    md = write_table(args.out / "preregistered", header, rows)
+    print(md)
+    committed = args.results / "preregistered.md"
+    if committed.exists() and not args.force:  # the guard on results/ (paper_figures/guard.py): never poorer
+        losses = guard.compare({"preregistered.md": committed.read_text()}, {"preregistered.md": md}).losses
+        if losses:
+            print(f"kept {committed}: this build is poorer (" + "; ".join(losses[:3]) + ")")
+            return
+    for suffix in (".md", ".csv"):
+        shutil.copyfile(args.out / f"preregistered{suffix}", args.results / f"preregistered{suffix}")
+    print(f"wrote {committed}")
 
 
 if __name__ == "__main__":

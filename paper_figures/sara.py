@@ -48,7 +48,6 @@ ABSTRACT = (
     "The SARA abstract (1.5B/3B models, math and planning): SARA matches DPS (both below the DS oracle) with 22% fewer "
     "rollouts than DS; SARA+DPS gives the best accuracy, slightly above DS, at 67% fewer rollouts."
 )
-CAPS = {"ds": ("max_rounds", "rounds"), "sara": ("max_waves", "waves")}  # a sampler family's cap setting and unit
 LM_PASS1 = re.compile(r"eval/([^/]+)/pass@1")
 TRAIN_POOL = f"eval/{TRAIN_POOL_SET}/pass@"  # the LM studies' training set, evaluated at the end (train.log_coverage)
 
@@ -118,11 +117,8 @@ def cap_of(run: Run) -> str:
     name = run.get("method.name")
     if name not in METHODS:
         return ""
-    reads = METHODS[name].sampler.reads
-    for key, unit in CAPS.values():
-        if key in reads:
-            return f"{getattr(sequential_settings(run), key)} {unit}"
-    return ""
+    cap = METHODS[name].sampler.cap  # the allocator's registry entry names its cap
+    return f"{getattr(sequential_settings(run), cap[0])} {cap[1]}" if cap else ""
 
 
 def groups_per_step(run: Run) -> float | None:

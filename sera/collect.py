@@ -338,18 +338,24 @@ class Sampler:
     prior: bool = False  # decides by SARA's rule under its Beta prior, carried across steps
     reads: tuple[str, ...] = ()  # the method.sequential settings it reads
     unequal_counts: bool = False  # n_i can differ between prompts, so the multiplicity correction means something
+    cap: tuple[str, str] | None = None  # (the method.sequential setting that caps a step's draws, its unit)
 
 
+DS_CAP, SARA_CAP = ("max_rounds", "rounds"), ("max_waves", "waves")  # generation rounds / waves a step at most
 SAMPLERS = {
     "none": Sampler(None),
     "uniform": Sampler(collect_uniform),
     "waterline": Sampler(collect_waterline, p_hat=True, unequal_counts=True),
     "dars_hw": Sampler(collect_dars_hw, unequal_counts=True),
-    "ds": Sampler(collect_ds, stream=True, reads=DS_READS),
+    "ds": Sampler(collect_ds, stream=True, reads=DS_READS, cap=DS_CAP),
     "dps": Sampler(collect_dps, stream=True, predictor=True, reads=DPS_READS),
-    "sara": Sampler(collect_sara, stream=True, prior=True, reads=SARA_READS),
-    "sara+dps": Sampler(collect_sara, stream=True, predictor=True, prior=True, reads=SARA_READS + DPS_READS),
-    "sara+sera": Sampler(collect_sara_sera, stream=True, unequal_counts=True, prior=True, reads=SARA_READS),
+    "sara": Sampler(collect_sara, stream=True, prior=True, reads=SARA_READS, cap=SARA_CAP),
+    "sara+dps": Sampler(
+        collect_sara, stream=True, predictor=True, prior=True, reads=SARA_READS + DPS_READS, cap=SARA_CAP
+    ),
+    "sara+sera": Sampler(
+        collect_sara_sera, stream=True, unequal_counts=True, prior=True, reads=SARA_READS, cap=SARA_CAP
+    ),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")
+from sera.methods import AGGREGATIONS  # the one list (sera.methods, no torch there)
 
 
 def pg_loss(

@@ -91,3 +91,16 @@ def test_the_committed_table_is_what_the_archive_gives(tmp_path):
     # the primary endpoint of C1 is the seed-level row of Table 4's verdict at Pass@32, computed there another way
     assert rows[0][3] == "+3.33 [-0.63, +7.28]"
     assert "| token-mean | mean of 5 (t 95%) |" in (ROOT / "results/cpu/maze-cpu/table4_verdict.md").read_text()
+
+
+def test_a_poorer_build_leaves_the_committed_table_alone(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    committed = (ROOT / "results" / "cpu" / "preregistered.md").read_text()
+    (results / "preregistered.md").write_text(committed)
+    prereg.main(["--runs", str(tmp_path / "no-runs"), "--out", str(tmp_path / "out"), "--results", str(results)])
+    assert (results / "preregistered.md").read_text() == committed  # every row lost its numbers: kept
+    assert "not run" in (tmp_path / "out" / "preregistered.md").read_text()
+    prereg.main(["--runs", str(tmp_path / "no-runs"), "--out", str(tmp_path / "out"), "--results", str(results),
+                 "--force"])  # fmt: skip
+    assert "not run" in (results / "preregistered.md").read_text()
