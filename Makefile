@@ -111,7 +111,8 @@ ablate: install ## any setting: STUDY=imagenet|maze|math SETTING=<config key> VA
 	$(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
 		scale=$(STUDY)/$(SCALE) method=$(METHOD) $(SETTING)=$(VALUES) seed=$(SEEDS)
 	$(ARCHIVE) save --folder $(STUDY)-$(SCALE)
-	$(PY) -m paper_figures.ablate --study $(STUDY) --scale $(SCALE) --method $(METHOD) --setting $(SETTING) --values $(VALUES)
+	$(PY) -m paper_figures.ablate --study $(STUDY) --scale $(SCALE) --method $(METHOD) --setting $(SETTING) \
+		--values $(VALUES) $(if $(filter smoke,$(SCALE)),,--results results/$(SCALE)/$(STUDY)-$(SCALE)) $(if $(FORCE),--force)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16), SCALE=cpu|paper
 	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 seed=$(SEEDS)

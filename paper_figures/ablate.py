@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paper_figures import guard
 from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import PerQuestion, Run, group_runs, load_runs, pair_by_question, per_question
 from sera.runlog import TRAIN_POOL_SET, VAL_P_FILE
@@ -150,11 +151,16 @@ def main(argv=None) -> None:
     parser.add_argument("--values", required=True, help="comma-separated; the first is the reference")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--results", type=Path, help="also publish the table there (results/<scale>/<study>-<scale>)")
+    parser.add_argument("--force", action="store_true", help="write over a committed table even if poorer")
     args = parser.parse_args(argv)
     values = [v for v in args.values.split(",") if v]
     if len(values) < 2:
         parser.error("--values needs two values or more")
     ablation_table(args.runs, args.study, args.scale, args.method, args.setting, values, args.out)
+    if args.results is not None:
+        stem = f"ablate_{args.setting.replace('.', '_')}"
+        print(guard.publish_table(stem, args.out / f"{args.study}-{args.scale}", args.results, args.force))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from paper_figures.render import NOT_RUN
 from paper_figures.runs import CORRUPT_FINAL, UNFINISHED
@@ -234,3 +235,20 @@ def compare_lines(name: str, old: list[str], new: list[str], out: Comparison) ->
             out.changes.append(f"{name}: {line} -> {now}")
     shapes = {NUMBER.sub("#", line) for line in old}
     out.changes += [f"{name}: line added: {line}" for line in new if NUMBER.sub("#", line) not in shapes]
+
+
+def publish_table(stem: str, built: Path, results: Path, force: bool = False) -> str:
+    """Copy one table (built/<stem>.md and .csv) into results/ unless the committed copy has measurements this build
+    lacks (fewer seeds, a number gone), which `force` overrides. Returns what it did, in a line."""
+    from shutil import copyfile
+
+    committed = results / f"{stem}.md"
+    new = (built / f"{stem}.md").read_text()
+    if committed.exists() and not force:
+        losses = compare({committed.name: committed.read_text()}, {committed.name: new}).losses
+        if losses:
+            return f"kept {committed}: this build is poorer ({'; '.join(losses[:3])}); FORCE=1 writes over it"
+    results.mkdir(parents=True, exist_ok=True)
+    for suffix in (".md", ".csv"):
+        copyfile(built / f"{stem}{suffix}", results / f"{stem}{suffix}")
+    return f"wrote {committed}"

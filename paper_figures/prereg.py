@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,15 +169,7 @@ def main(argv=None) -> None:
     header, rows = prereg_table(args.runs, args.scale)
     md = write_table(args.out / "preregistered", header, rows)
     print(md)
-    committed = args.results / "preregistered.md"
-    if committed.exists() and not args.force:  # the guard on results/ (paper_figures/guard.py): never poorer
-        losses = guard.compare({"preregistered.md": committed.read_text()}, {"preregistered.md": md}).losses
-        if losses:
-            print(f"kept {committed}: this build is poorer (" + "; ".join(losses[:3]) + ")")
-            return
-    for suffix in (".md", ".csv"):
-        shutil.copyfile(args.out / f"preregistered{suffix}", args.results / f"preregistered{suffix}")
-    print(f"wrote {committed}")
+    print(guard.publish_table("preregistered", args.out, args.results, args.force))
 
 
 if __name__ == "__main__":
