@@ -128,13 +128,18 @@ ARCHIVE := $(PY) -m paper_figures.archive
 # IF_FINISHED=extend (maze and math): a run of the same config but fewer train.steps, with its checkpoint in runs/,
 # continues to the new length instead of being refused; it then equals a fresh run of that length (sera.runlog).
 IF_FINISHED ?= skip
+# What a maze or math grid runs for each seed: MaxRL and SERA under AGGREGATIONS, and (BASELINES non-empty) GRPO, with
+# PKPO and DARS-HW on math. The pre-registered seeds (results/cpu/PREREGISTRATION.md) are run as, for example,
+# `make reproduce-maze MAZE_SEEDS=5,6,7,8,9,10,11 AGGREGATIONS=token-mean BASELINES=`, two such commands side by side.
+AGGREGATIONS ?= token-mean,seqnorm
+BASELINES ?= 1
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze): base model, GRPO, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_earlier|paper, MAZE_SEEDS=0,1,2 (cpu: about 1 h 45 min a seed)
+reproduce-maze: install ## Table 4 (maze): base model, GRPO, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_earlier|paper, MAZE_SEEDS=0,1,2 AGGREGATIONS= BASELINES= (cpu: about 1 h 45 min a seed; the pre-registered 12 seeds about 15 core-hours)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
-	$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS)
-	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MAZE_SEEDS)
+	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS))
+	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MAZE_SEEDS)
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
@@ -152,15 +157,15 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # DARS-HW runs were made with this cap.
 MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model, GRPO, PKPO, DARS-HW, MaxRL and SERA; SCALE=cpu|cpu_sft3000|cpu_earlier|paper, MATH_SEEDS=0,1,2, MODEL= (cpu: about 1 h 50 min a seed)
+reproduce-math: install ## Tables 1, 5 (math): base model, GRPO, PKPO, DARS-HW, MaxRL and SERA; SCALE=cpu|cpu_sft3000|cpu_earlier|paper, MATH_SEEDS=0,1,2, MODEL= (cpu: about 1 h 50 min a seed; the pre-registered 20 seeds about 16 core-hours)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(MATH_SEEDS)
 else
-	$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo seed=$(MATH_SEEDS)
-	$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(MATH_SEEDS)
-	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=token-mean,seqnorm seed=$(MATH_SEEDS)
+	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo seed=$(MATH_SEEDS))
+	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(MATH_SEEDS))
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MATH_SEEDS)
 endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
