@@ -1,34 +1,19 @@
-"""Sequential rollout allocation and prompt selection: SARA, DS (DAPO dynamic sampling) and DPS (docs/design.md
-section 4).
-
-Pure numpy (no torch, no I/O). SARA probes each prompt with a few rollouts, keeps a Beta posterior over its pass rate,
-and commits, abandons or probes further by the closed-form probability that the full group ends mixed
-(`effective_probability`, `sara_decision`) under a Beta prior that is flat, fitted to the population's recent probes, or
-that plus the prompt's own history (`SaraPrior`, `fit_beta_prior`); `sara_step` runs one training step of it in
-batched waves, vectorised over the step's groups. `ds_step` is the dynamic-sampling baseline, `DynamicsPredictor`
-and `dps_order` are DPS's per-prompt three-state chain and its top-B selection (`dps_prompts`: a prompt stream ranked
-by it). Both step loops talk to the model only through two callbacks, `draw(prompt_ids, counts) -> rewards`
-(flat, grouped by prompt in order) and `next_prompts(k) -> up to k prompt ids`, so they run the same against a
-simulator in the tests and an LM rollout engine in training; both return a `StepResult` with the accounting every
-method reports (rollouts generated and trained, groups kept and dropped).
+"""SARA (docs/design.md section 4): the probability that a group ends mixed, the commit / continue / abandon rule,
+its Beta prior (flat, fitted to the population, or that plus the prompt's history) and the step loop in batched
+waves, vectorised over the step's groups; SARA+SERA's counts after the probe. Pure numpy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
-from typing import Literal
 
 import numpy as np
 from scipy.special import gammaln
 
 from sera.allocation import waterline
 from sera.estimation import P_HI, P_LO, pilot_p_hat
-
-Draw = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (prompt_ids (G,), counts (G,)) -> rewards (sum counts,)
-NextPrompts = Callable[[int], np.ndarray]  # k -> up to k fresh prompt ids; fewer once the stream is exhausted
-
+from sera.sequential.common import PRIOR_CLIP, Draw, NextPrompts, SequentialSettings, StepResult, _draw, _next
 
 # ----------------------------------------------------------------------------------------------------------------------
 # SARA: the effectiveness predictor and the decision rule
@@ -99,66 +84,6 @@ def sara_decision(successes, failures, n, a0=1.0, b0=1.0, k_min=2, tau_lo=0.45, 
     abandon = ~commit & (((j >= k_min) & (e <= tau_lo)) | (j >= np.asarray(n)))
     action = np.where(commit, SaraAction.COMMIT, np.where(abandon, SaraAction.ABANDON, SaraAction.CONTINUE))
     return action.astype(np.int8)
-
-
-PRIORS = ("flat", "population", "history")  # SARA's prior over a prompt's pass rate (docs/design.md section 4)
-PRIOR_CLIP = (0.05, 50.0)  # the fitted a0, b0 are each clipped to this range
-
-
-@dataclasses.dataclass(frozen=True)
-class SequentialSettings:
-    """Settings of the sequential allocators, SARA, DS and DPS (docs/design.md section 4; SARA's are derived from its
-    abstract, every threshold a setting). `method.sequential` of a run config; configs/method/common.yaml holds the
-    same defaults (a test checks that they agree)."""
-
-    k0: int = 2  # SARA: rollouts in a fresh prompt's first probe
-    k_min: int = 2  # SARA: never abandon a group with fewer rollouts than this
-    chunk: int = 2  # SARA: rollouts per further probe of an undecided group (the design's delta)
-    tau_lo: float = 0.45  # SARA: abandon when E_j <= tau_lo
-    tau_hi: float = 0.95  # SARA: commit when E_j >= tau_hi (always once mixed)
-    prior: Literal["flat", "population", "history"] = "population"  # SARA: Beta prior over each prompt's pass rate
-    a0: float = 1.0  # SARA: the flat prior Beta(a0, b0); also the population prior until the first step's probes
-    b0: float = 1.0
-    window: int = 20  # SARA, population prior: fitted to the probes of the last `window` steps
-    history_decay: float = 0.7  # SARA, history prior: lam, the weight of a prompt's past counts at each later visit
-    max_waves: int = 16  # SARA: cap on waves per step (paper silent); an all-saturated stream stops here
-    mode: Literal["fill", "budget"] = "fill"  # SARA: until B groups are committed, or until the budget is spent
-    gen_batch: int | None = None  # DS: prompts a generation round (None = B)
-    max_rounds: int = 10  # DS: cap on generation rounds a step (verl's default)
-    dps_ratio: int = 8  # DPS: candidate pool of dps_ratio * B prompts
-    dps_decay: float = 0.5  # DPS: lam (0.7 for MATH-like sets)
-
-    def __post_init__(self):
-        if self.k0 < 1 or self.chunk < 1 or self.k_min < 1:
-            raise ValueError(f"need k0, chunk, k_min >= 1, got {self.k0}, {self.chunk}, {self.k_min}")
-        if not 0 <= self.tau_lo < self.tau_hi <= 1:
-            raise ValueError(f"need 0 <= tau_lo < tau_hi <= 1, got tau_lo={self.tau_lo}, tau_hi={self.tau_hi}")
-        if self.a0 <= 0 or self.b0 <= 0:
-            raise ValueError(f"the Beta prior needs a0, b0 > 0, got {self.a0}, {self.b0}")
-        if self.prior not in PRIORS:
-            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
-        if self.prior != "flat" and self.k0 < 2:
-            raise ValueError(f"prior={self.prior} fits the spread of the k0-rollout probes: it needs k0 >= 2, got 1")
-        if self.window < 1 or not 0 <= self.history_decay <= 1:
-            raise ValueError(f"need window >= 1 and history_decay in [0, 1], got {self.window}, {self.history_decay}")
-        if self.max_waves < 1 or self.max_rounds < 1 or self.dps_ratio < 1:
-            raise ValueError(f"need max_waves, max_rounds, dps_ratio >= 1, got {self.max_waves, self.max_rounds}, "
-                             f"{self.dps_ratio}")  # fmt: skip
-        if self.mode not in ("fill", "budget"):
-            raise ValueError(f"mode must be 'fill' or 'budget', got {self.mode!r}")
-        if not 0 <= self.dps_decay <= 1 or (self.gen_batch is not None and self.gen_batch < 1):
-            raise ValueError(f"need dps_decay in [0, 1] and gen_batch >= 1 or None, got {self.dps_decay}, "
-                             f"{self.gen_batch}")  # fmt: skip
-
-    def changes(self, reads) -> dict:
-        """{setting: value} of the settings in `reads` (those an allocator reads) that differ from the defaults, in
-        field order: what names a run (MethodSettings.variant) and a table row (paper_figures.sara)."""
-        default = SequentialSettings()
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name in reads and getattr(self, f.name) != getattr(default, f.name)
-        }
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -259,75 +184,6 @@ class SaraPrior:
         sizes = np.asarray(state["window_sizes"], dtype=np.int64)
         self.window = np.split(np.asarray(state["window"], dtype=np.int64), np.cumsum(sizes)[:-1]) if sizes.size else []
         self.counts = None if counts is None else np.asarray(counts, dtype=np.float64).copy()
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# One step's outcome, shared by SARA and DS
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class StepResult:
-    """The groups to train on, as a ragged (rewards, counts) batch, and the step's accounting.
-
-    Every drawn group ends in exactly one of: committed (trained), abandoned (dropped by the method's rule: SARA's
-    E_j <= tau_lo, DS's all-equal filter; recorded per group so a caller with exact p can score the decision), or
-    discarded (SARA: undecided at the wave cap; DS: a kept group beyond the first batch_size). rollouts_generated
-    counts every rollout drawn, probes and dropped groups included. The drawn_* arrays hold every group drawn, in the
-    order it was first drawn, whatever became of it (what SARA's prior and DPS's predictor observe).
-    """
-
-    prompt_ids: np.ndarray  # (C,) int64, committed prompts in commit order
-    counts: np.ndarray  # (C,) int64 rollouts of each committed group
-    rewards: np.ndarray  # (sum counts,) float64, grouped by prompt, each group in draw order (probes first)
-    rollouts_generated: int
-    rollouts_trained: int
-    groups_committed: int
-    groups_abandoned: int
-    groups_discarded: int
-    prompts_drawn: int
-    waves: int  # SARA waves, DS generation rounds
-    hit_wave_cap: bool  # the cap stopped the step while work remained (undecided groups or a shortfall)
-    shortfall: int  # batch_size minus groups committed in fill mode and DS (0 in budget mode)
-    abandoned_ids: np.ndarray  # (A,) int64
-    abandoned_successes: np.ndarray  # (A,) int64 successes among the abandoned group's rollouts
-    abandoned_failures: np.ndarray  # (A,) int64
-    drawn_ids: np.ndarray  # (G,) int64, every group drawn
-    drawn_successes: np.ndarray  # (G,) int64 over all its rollouts drawn in this step
-    drawn_failures: np.ndarray  # (G,) int64
-    probe_successes: np.ndarray | None = None  # (G,) int64 SARA: successes among the group's first k0 rollouts
-    decisions: np.ndarray | None = None  # (3, n + 1) int64 SARA: verdicts (SaraAction rows) by rollouts drawn j
-
-    @property
-    def successes(self) -> np.ndarray:
-        """(C,) successes K_i per committed group (with complete_committed=False: the SARA+SERA pilot outcome)."""
-        return np.bincount(np.repeat(np.arange(self.counts.size), self.counts), self.rewards, self.counts.size)
-
-    @property
-    def effective_groups(self) -> int:
-        """Committed groups with mixed outcomes, 0 < K < n_i."""
-        k = self.successes
-        return int(np.sum((k > 0) & (k < self.counts)))
-
-
-def _draw(draw: Draw, prompt_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Call the rollout callback once; its flat binary rewards (sum counts,), grouped by prompt in order, checked."""
-    rewards = np.asarray(draw(prompt_ids, counts), dtype=np.float64)
-    if rewards.shape != (int(counts.sum()),):
-        raise ValueError(f"draw returned {rewards.shape} rewards for counts summing to {int(counts.sum())}")
-    if np.any((rewards != 0) & (rewards != 1)):
-        raise ValueError("draw must return binary rewards (0 or 1)")
-    return rewards
-
-
-def _next(next_prompts: NextPrompts, k: int) -> np.ndarray:
-    ids = np.asarray(next_prompts(k), dtype=np.int64).reshape(-1)
-    if ids.size > k:
-        raise ValueError(f"next_prompts({k}) returned {ids.size} prompts")
-    return ids
-
-
-def _ints(parts) -> np.ndarray:
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -543,178 +399,3 @@ def sera_counts_after_probe(
     for m in np.unique(j):
         p_hat[j == m] = pilot_p_hat(k[j == m], int(m), lo, hi)
     return waterline(p_hat, total, max(2, int(j.max())), n_max, delta) - j
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# DS: DAPO dynamic sampling
-
-
-def ds_step(
-    n: int, batch_size: int, gen_batch: int, max_rounds: int, draw: Draw, next_prompts: NextPrompts
-) -> StepResult:
-    """One training step of DAPO dynamic sampling (verl recipe/dapo).
-
-    Repeat { draw the next gen_batch prompts, n rollouts each, keep the groups whose rewards are not all equal } until
-    batch_size groups are kept or max_rounds rounds have run (or the stream is exhausted); train on the first
-    batch_size kept groups and discard the surplus. Every group is drawn once, so none is duplicated; at the cap the
-    step trains on what was kept (possibly none: the caller skips the step) and reports the shortfall. Shapes: see
-    StepResult; every committed count is n. docs/design.md section 4.
-    """
-    if n < 1 or batch_size < 1 or gen_batch < 1 or max_rounds < 1:
-        raise ValueError(f"need n, batch_size, gen_batch, max_rounds >= 1, got {n, batch_size, gen_batch, max_rounds}")
-    ids_parts, reward_parts = [], []
-    rounds = prompts_drawn = kept = 0
-    exhausted = False
-    while kept < batch_size and rounds < max_rounds and not exhausted:
-        ids = _next(next_prompts, gen_batch)
-        exhausted = ids.size < gen_batch
-        if ids.size == 0:
-            break
-        rounds += 1
-        prompts_drawn += ids.size
-        rewards = _draw(draw, ids, np.full(ids.size, n)).reshape(ids.size, n)
-        k = rewards.sum(axis=1)
-        kept += int(np.count_nonzero((k > 0) & (k < n)))
-        ids_parts.append(ids)
-        reward_parts.append(rewards)
-    ids = _ints(ids_parts)
-    rewards = np.concatenate(reward_parts) if reward_parts else np.zeros((0, n))  # (G, n), every group drawn
-    k = rewards.sum(axis=1).astype(np.int64)
-    mixed = np.flatnonzero((k > 0) & (k < n))
-    trained, dropped = mixed[:batch_size], np.flatnonzero((k == 0) | (k == n))
-    return StepResult(
-        prompt_ids=ids[trained],
-        counts=np.full(trained.size, n, dtype=np.int64),
-        rewards=rewards[trained].reshape(-1),
-        rollouts_generated=prompts_drawn * n,
-        rollouts_trained=trained.size * n,
-        groups_committed=trained.size,
-        groups_abandoned=dropped.size,
-        groups_discarded=mixed.size - trained.size,
-        prompts_drawn=prompts_drawn,
-        waves=rounds,
-        hit_wave_cap=mixed.size < batch_size and rounds == max_rounds and not exhausted,
-        shortfall=batch_size - trained.size,
-        abandoned_ids=ids[dropped],
-        abandoned_successes=k[dropped],
-        abandoned_failures=n - k[dropped],
-        drawn_ids=ids,
-        drawn_successes=k,
-        drawn_failures=n - k,
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# DPS: dynamics-predictive sampling
-
-UNSOLVED, PARTIAL, SOLVED = 0, 1, 2  # DPS's three states of a prompt's group: K = 0, 0 < K < n, K = n
-
-
-def _transition(alpha: np.ndarray) -> np.ndarray:
-    """Phi(alpha): Dirichlet means, column-stochastic, Phi[..., i, j] = P(next state i | previous state j)."""
-    return alpha / alpha.sum(axis=-2, keepdims=True)
-
-
-class DynamicsPredictor:
-    """DPS's per-prompt three-state chain (unsolved, partial, solved) with Dirichlet transition counts.
-
-    Each prompt has alpha (3, 3) (prior alpha0 everywhere), a belief mu over its state at its last step (uniform
-    initially) and the prior over its next state. `update` observes some prompts' groups, with e the observed state
-    (one-hot) and lam = decay:
-        xi[i, j] = e[i] Phi(alpha)[i, j] mu[j] / sum(.)            (Phi before this update)
-        alpha <- lam alpha + (1 - lam) alpha0 + xi,   mu <- e,   prior <- Phi(alpha) e;
-    every other tracked prompt: alpha <- lam alpha + (1 - lam) alpha0, mu <- prior, prior <- Phi(alpha) mu.
-    As in maoyixiu/DPS (recipe/dps/task_sampler.py), mu is the belief at the prompt's previous step: the observed
-    state after an observation, the propagated prior after a step without one. A prompt never observed keeps alpha0
-    and the uniform belief (a fixed point of the decay), so only observed prompts are tracked. Reference values: one
-    partial observation gives P(partial) = 0.40, one unsolved or solved 0.30, unseen 1/3. Prompts are integer ids in
-    [0, num_prompts). docs/design.md section 4.
-    """
-
-    def __init__(self, num_prompts: int, decay: float, alpha0: float = 1.0):
-        if not 0 <= decay <= 1:
-            raise ValueError(f"decay must lie in [0, 1], got {decay}")
-        if alpha0 <= 0:
-            raise ValueError(f"alpha0 must be > 0, got {alpha0}")
-        self.decay, self.alpha0 = decay, alpha0
-        self.alpha = np.full((num_prompts, 3, 3), alpha0)  # (P, 3, 3)
-        self.belief = np.full((num_prompts, 3), 1 / 3)  # (P, 3) mu
-        self.prior = np.full((num_prompts, 3), 1 / 3)  # (P, 3) over the next group's state
-        self.tracked = np.zeros(num_prompts, dtype=bool)
-
-    def partial_probability(self, ids) -> np.ndarray:
-        """Prior probability (B,) that each prompt's next group is partial (0 < K < n)."""
-        return self.prior[np.asarray(ids, dtype=np.int64), PARTIAL]
-
-    def _decayed(self, alpha: np.ndarray) -> np.ndarray:
-        # alpha0 + lam (alpha - alpha0) = lam alpha + (1 - lam) alpha0, exact at alpha = alpha0
-        return self.alpha0 + self.decay * (alpha - self.alpha0)
-
-    def update(self, ids, successes, n) -> None:
-        """Observe the groups of prompts ids (B,), unique: successes (B,) out of n (scalar or (B,)) rollouts each."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        k = np.asarray(successes).reshape(-1)
-        n = np.broadcast_to(np.asarray(n), k.shape)
-        if ids.shape != k.shape or np.unique(ids).size != ids.size:
-            raise ValueError("update needs unique prompt ids and one success count per id")
-        if np.any(k < 0) or np.any(k > n):
-            raise ValueError("successes must lie in [0, n]")
-        state = np.where(k == 0, UNSOLVED, np.where(k == n, SOLVED, PARTIAL))  # (B,)
-        unobserved = self.tracked.copy()
-        unobserved[ids] = False
-        rest = np.flatnonzero(unobserved)
-        self.alpha[rest] = self._decayed(self.alpha[rest])
-        self.belief[rest] = self.prior[rest]
-        self.prior[rest] = np.einsum("pij,pj->pi", _transition(self.alpha[rest]), self.belief[rest])
-        rows = np.arange(ids.size)
-        weight = _transition(self.alpha[ids])[rows, state, :] * self.belief[ids]  # (B, 3): xi's only nonzero row
-        xi = np.zeros((ids.size, 3, 3))
-        xi[rows, state, :] = weight / weight.sum(axis=1, keepdims=True)
-        self.alpha[ids] = self._decayed(self.alpha[ids]) + xi
-        self.belief[ids] = np.eye(3)[state]
-        self.prior[ids] = _transition(self.alpha[ids])[rows, :, state]
-        self.tracked[ids] = True
-
-    def state_dict(self) -> dict:
-        return {k: getattr(self, k).copy() for k in ("alpha", "belief", "prior", "tracked")}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("alpha", "belief", "prior", "tracked"):
-            value = np.asarray(state[key])
-            if value.shape != getattr(self, key).shape:
-                raise ValueError(f"{key} has shape {value.shape}, expected {getattr(self, key).shape}")
-            setattr(self, key, value.astype(getattr(self, key).dtype).copy())
-
-
-def dps_order(predictor: DynamicsPredictor, candidate_ids, batch_size: int) -> np.ndarray:
-    """DPS selection as positions: the batch_size candidates (C,) with the highest prior P(partial), best first,
-    (B,) int64 indices into candidate_ids.
-
-    Ties keep the candidates' order in the pool (a stable sort), so the pool's own order (normally a random draw)
-    breaks them and the result is deterministic given the pool. docs/design.md section 4.
-    """
-    candidate_ids = np.asarray(candidate_ids, dtype=np.int64).reshape(-1)
-    if not 0 <= batch_size <= candidate_ids.size:
-        raise ValueError(f"cannot select {batch_size} of {candidate_ids.size} candidates")
-    return np.argsort(-predictor.partial_probability(candidate_ids), kind="stable")[:batch_size]
-
-
-def dps_prompts(
-    predictor: DynamicsPredictor,
-    candidates: NextPrompts,
-    ratio: int,
-    prompt_ids: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> NextPrompts:
-    """A DPS-ranked prompt stream (DPS and SARA+DPS): next_prompts(k) draws a pool of ratio * k candidates from
-    `candidates` and returns its top k by P(partial) (`dps_order`); unselected candidates are dropped. `prompt_ids`
-    maps the candidates to the predictor's prompt ids when they are not the same (a step's stream hands out step
-    positions); by default they are. docs/design.md section 4."""
-    if ratio < 1:
-        raise ValueError(f"ratio must be >= 1, got {ratio}")
-
-    def next_prompts(k: int) -> np.ndarray:
-        pool = np.asarray(candidates(ratio * k), dtype=np.int64).reshape(-1)
-        ids = pool if prompt_ids is None else prompt_ids(pool)
-        return pool[dps_order(predictor, ids, min(k, pool.size))]
-
-    return next_prompts
