@@ -104,7 +104,7 @@ def ablation_table(runs_root: Path, study: str, scale: str, method: str, setting
     per_value = {v: questions(g, KS) for v, g in groups.items()}
     ks = [k for k in KS if all(pq is not None and k in pq.ks for pq in per_value.values())]
     shown = sorted({ks[0], ks[-1]}) if ks else []
-    header = [setting, "seeds", *[f"Pass@{k}" for k in ks]]
+    header = ["value", "seeds", *[f"Pass@{k}" for k in ks]]  # the setting is named in the title and the file name
     for k in shown:
         header += [f"dPass@{k} vs {values[0]} (seed 95% t)", f"dPass@{k} vs {values[0]} (question-paired 95%)"]
     rows, first = [], parsed[0]

@@ -34,7 +34,7 @@ from paper_figures.render import NOT_RUN
 from paper_figures.runs import CORRUPT_FINAL, UNFINISHED
 
 # Header names of the columns that say which row a row is (the rest hold its values), across every table.
-KEY_COLUMNS = ("dataset", "study", "normalization", "n0", "estimator", "m", "method", "seed", "k")
+KEY_COLUMNS = ("dataset", "study", "normalization", "n0", "estimator", "m", "method", "seed", "k", "value")
 SOURCE = "source"  # where a row's numbers come from: "reproduced (...)", "not run", "paper (...)", "baseline"
 DESCRIBING = (SOURCE, "steps")  # columns that describe a row's runs without measuring anything (diffed, never lost)
 SEEDS = "seeds"

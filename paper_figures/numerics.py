@@ -37,13 +37,12 @@ def run_fingerprints(root: Path) -> list[dict]:
 
 
 def table_fingerprints(folder: str, archive: Path = ARCHIVE, results: Path = RESULTS) -> list[dict]:
-    """The fingerprints behind a committed table folder: its archived runs', else the record committed beside the
-    table (results/<scale>/<folder>/numerics.json, for grids whose runs are not archived)."""
-    fingerprints = run_fingerprints(archive / folder)
+    """The fingerprints behind a committed table folder: the record committed beside its tables
+    (results/<scale>/<folder>/numerics.json, for tables whose runs are not archived), else its archived runs'."""
     beside = results / folder / NUMERICS_FILE
-    if not fingerprints and beside.exists():
-        fingerprints = [json.loads(beside.read_text())]
-    return fingerprints
+    if beside.exists():  # the record of the committed tables themselves (their runs are not archived)
+        return [json.loads(beside.read_text())]
+    return run_fingerprints(archive / folder)
 
 
 def describe(fingerprints: list[dict]) -> str:

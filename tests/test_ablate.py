@@ -38,7 +38,7 @@ def test_a_classifier_ablation_of_the_p_hat_clip(tmp_path):
     ]  # fmt: skip  (0.0625 is the default)
     text = ablate.ablation_table(tmp_path, "imagenet", "smoke", "sera", "method.p_lo", ["0.0625", "0.25"], tmp_path)
     rows = table_rows(tmp_path, "imagenet", "method.p_lo")
-    assert [r["method.p_lo"] for r in rows] == ["0.0625", "0.25"] and rows[1]["seeds"] == "2"
+    assert [r["value"] for r in rows] == ["0.0625", "0.25"] and rows[1]["seeds"] == "2"
     # Pass@1 of a value is the mean over its seeds of the runs' own final exact Pass@1
     runs = [r for r in load_runs(tmp_path / "imagenet-smoke") if r.get("method.p_lo") == 0.25]
     assert float(rows[1]["Pass@1"]) == pytest.approx(100 * np.mean([r.last("eval/pass@1") for r in runs]), abs=0.006)

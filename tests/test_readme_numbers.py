@@ -40,7 +40,7 @@ from sera.runlog import EVAL_RECORD
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"<!-- results: (\S+) -->")
-KEYS = ("claim", "endpoint", "n0", "method", "normalization", "estimator", "m", "seed", "k")
+KEYS = ("claim", "endpoint", "value", "n0", "method", "normalization", "estimator", "m", "seed", "k")
 # README header -> results header (a tuple: the README cell holds those cells' numbers in order)
 COLUMN_ALIASES = {
     "cos(E[g given n], CE)": "cos(E[g | n], CE)",  # a | would split the markdown cell
