@@ -20,6 +20,7 @@ import numpy as np
 from paper_figures import guard
 from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import PerQuestion, Run, group_runs, load_runs, pair_by_question, per_question
+from sera.identity import result_settings
 from sera.runlog import TRAIN_POOL_SET, VAL_P_FILE
 from sera.stats import paired_bootstrap_ci, seed_t_interval
 
@@ -66,7 +67,7 @@ def groups_by_value(runs: list[Run], method: str, setting: str, values: list) ->
     chosen = [r for r in runs if r.get("method.name") == method and r.finished]
     out = {}
     for value in values:
-        held = [r for r in chosen if r.get(setting) == value]
+        held = [r for r in chosen if result_settings(r.config).get(setting) == value]  # defaults filled in
         groups = group_runs(held)
         if not groups:
             raise ValueError(f"no finished {method} run with {setting}={value} (run the sweep first: make ablate)")

@@ -56,6 +56,7 @@ def comparable_config(config: dict) -> dict:
     but for PKPO, keep_cv_on_zero but for MaxRL's advantage, the p_hat clip without p_hat); of method.sequential, all
     but the settings its allocator reads (none for the batch allocators); the vllm block unless engine=vllm; of
     optim.lr_by_method, all but the run's own rate, as optim.lr."""
+    from sera.estimation import P_HI, P_LO
     from sera.methods import METHODS
 
     if "vllm" in config and config.get("engine") != "vllm":
@@ -67,6 +68,9 @@ def comparable_config(config: dict) -> dict:
         unread |= {"keep_cv_on_zero"} if entry.advantage != "maxrl" else set()
         unread |= {"p_lo", "p_hi"} if not entry.sampler.p_hat else set()
         method = {k: v for k, v in method.items() if k not in unread}
+        # the p_hat clip: null means the library's (sera.estimation), which runs made before that recorded as numbers
+        defaults = {"p_lo": P_LO, "p_hi": P_HI}
+        method = {k: defaults[k] if k in defaults and v is None else v for k, v in method.items()}
         config = {**config, "method": method}
     if isinstance(method, dict) and isinstance(method.get("sequential"), dict):
         entry = METHODS.get(method.get("name"))

@@ -118,7 +118,8 @@ class MethodSettings:
                 f"method=common is the shared base of the method files, not a method; choose from {', '.join(METHODS)}"
             )
         return cls.build(
-            study, str(name), int(cfg.n0), estimator=mc.estimator, pilot_m=mc.pilot_m, p_lo=mc.p_lo, p_hi=mc.p_hi,
+            study, str(name), int(cfg.n0), estimator=mc.estimator, pilot_m=mc.pilot_m,
+            p_lo=P_LO if mc.p_lo is None else mc.p_lo, p_hi=P_HI if mc.p_hi is None else mc.p_hi,
             aggregation=mc.aggregation, multiplicity_correction=mc.multiplicity_correction,
             keep_cv_on_zero=bool(mc.keep_cv_on_zero), pkpo_k=int(mc.pkpo_k), n_min=cfg.alloc.n_min,
             n_max=cfg.alloc.n_max, delta=cfg.alloc.delta, sequential=mc.get("sequential"),
