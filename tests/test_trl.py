@@ -261,3 +261,21 @@ def test_launch_script_runs_on_the_cpu(tmp_path):
                     "--n0", "8", "--pilot-m", "4", "--max-completion-length", "16", "--steps", "1", "--cpu",
                     "--output-dir", str(tmp_path)])  # fmt: skip
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 2 * 8
+
+
+@pytest.mark.parametrize("estimator, calls_per_step", [("history", 1), ("pilot", 2)])
+def test_generation_rounds_per_step(tmp_path, monkeypatch, estimator, calls_per_step):
+    """With the historical p_hat a step generates once (the allocation comes from the steps before); with pilots it
+    generates twice (pilots, then the rest): twice the parameter gathers under ZeRO-3 and weight syncs with vLLM."""
+    calls = []
+    generate = GRPOTrainer._generate
+    monkeypatch.setattr(
+        GRPOTrainer, "_generate", lambda self, prompts: calls.append(len(prompts)) or generate(self, prompts)
+    )
+    data = trl_toy.dataset(size=4)
+    args = trl_toy.config(tmp_path, estimator=estimator, max_steps=2)
+    run = trl_toy.trainer(args, data)
+    run.train()
+    assert len(calls) == 2 * calls_per_step and sum(calls) == 2 * 4 * trl_toy.N0
+    if estimator == "history":
+        assert run.last_step.p_hat is not None  # the second step allocated from the first step's outcomes
