@@ -68,8 +68,12 @@ def comparable_config(config: dict) -> dict:
         unread |= {"keep_cv_on_zero"} if entry.advantage != "maxrl" else set()
         unread |= {"p_lo", "p_hi"} if not entry.sampler.p_hat else set()
         method = {k: v for k, v in method.items() if k not in unread}
-        # the p_hat clip: null means the library's (sera.estimation), which runs made before that recorded as numbers
-        defaults = {"p_lo": P_LO, "p_hi": P_HI}
+        # null means the default: the library's p_hat clip (sera.estimation), the registry's p_hat source, pilots and
+        # correction (sera.methods), so `method.pilot_m=8` on SERA is the same run as SERA's default
+        estimator = method.get("estimator") or entry.estimator
+        defaults = {"p_lo": P_LO, "p_hi": P_HI, "estimator": entry.estimator,
+                    "pilot_m": entry.pilot_m if estimator == "pilot" else 0,
+                    "multiplicity_correction": entry.multiplicity_correction}  # fmt: skip
         method = {k: defaults[k] if k in defaults and v is None else v for k, v in method.items()}
         config = {**config, "method": method}
     if isinstance(method, dict) and isinstance(method.get("sequential"), dict):

@@ -1,0 +1,49 @@
+"""Run identity (sera.identity): which settings make two runs different runs, and the folder name they give."""
+
+from sera import identity
+
+SERA = {"seed": 0, "n0": 16, "threads": 1, "run": {"root": "runs"},
+        "method": {"name": "sera", "estimator": None, "pilot_m": None, "p_lo": None, "p_hi": None, "pkpo_k": 16,
+                   "multiplicity_correction": None, "aggregation": "token-mean"},
+        "optim": {"lr": 0.003}}  # fmt: skip
+
+
+def with_method(**changes) -> dict:
+    return {**SERA, "method": {**SERA["method"], **changes}}
+
+
+def test_a_default_spelled_out_is_the_same_run():
+    spelled = with_method(estimator="pilot", pilot_m=8, p_lo=0.0625, p_hi=0.9375, multiplicity_correction=True)
+    assert identity.differences(SERA, spelled) == []
+    history = with_method(estimator="history", pilot_m=0)
+    assert identity.differences(SERA, history) == [("method.estimator", "pilot", "history"), ("method.pilot_m", 8, 0)]
+
+
+def test_settings_a_run_does_not_read_or_that_do_not_change_results_are_not_its_identity():
+    other = {**with_method(pkpo_k=4), "threads": 2, "run": {"root": "elsewhere"}, "device": "cuda"}
+    assert identity.differences(SERA, other) == []  # pkpo_k is PKPO's only
+    pkpo = {**SERA, "method": {**SERA["method"], "name": "pkpo"}}
+    assert identity.differences(pkpo, {**pkpo, "method": {**pkpo["method"], "pkpo_k": 4}}) == [
+        ("method.pkpo_k", 16, 4)]  # fmt: skip
+
+
+def test_the_name_spells_out_what_differs_from_the_default_beyond_the_stem():
+    ablation = {**with_method(p_lo=0.03125), "optim": {"lr": 0.001}}
+    assert (
+        identity.run_name("sera-m8_n0-16", 0, ablation, SERA)
+        == "sera-m8_n0-16_method.p_lo=0.03125,optim.lr=0.001_seed-0"
+    )
+    assert identity.run_name("sera-m8_n0-16", 0, with_method(pilot_m=4), SERA) == "sera-m8_n0-16_seed-0"  # stem's
+    assert identity.run_name("sera-m8_n0-16", 3, ablation, None) == "sera-m8_n0-16_seed-3"  # no default: no suffix
+
+
+def test_a_long_suffix_is_shortened_with_a_hash_that_tells_ablations_apart():
+    a = {**SERA, "optim": {"lr": 0.001, "schedule": "cosine-with-a-very-long-name", "weight_decay": 0.125}}
+    b = {**a, "optim": {**a["optim"], "weight_decay": 0.25}}
+    name_a, name_b = (identity.run_name("sera-m8_n0-16", 0, c, SERA) for c in (a, b))
+    assert name_a != name_b and ".." in name_a and len(name_a) <= len("sera-m8_n0-16_seed-0") + identity.MAX_SUFFIX + 1
+
+
+def test_a_refusal_names_each_key_with_both_values():
+    text = identity.describe(identity.differences(SERA, with_method(p_lo=0.03125)))
+    assert text == "method.p_lo: 0.0625 there, 0.03125 here"
