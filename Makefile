@@ -114,10 +114,8 @@ ablate: install ## any setting: STUDY=imagenet|maze|math SETTING=<config key> VA
 	$(PY) -m paper_figures.ablate --study $(STUDY) --scale $(SCALE) --method $(METHOD) --setting $(SETTING) \
 		--values $(VALUES) $(if $(filter smoke,$(SCALE)),,--results results/$(SCALE)/$(STUDY)-$(SCALE)) $(if $(FORCE),--force)
 
-ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16), SCALE=cpu|paper
-	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 seed=$(SEEDS)
-	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=pilot method.pilot_m=2,4,16 seed=$(SEEDS)
-	$(IMAGENET) scale=imagenet/$(SCALE) method=sera n0=16 method.estimator=history method.pilot_m=0 seed=$(SEEDS)
+ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16; m = 0 is the historical p_hat), SCALE=cpu|paper
+	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
 # Finished runs are kept in git (results/runs/: records, no weights) so that seeds run in different sessions build one

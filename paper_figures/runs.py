@@ -82,9 +82,9 @@ def method_order(name: str) -> int:
 
 
 def method_setting(run: Run, key: str):
-    """A method setting of the run (e.g. 'estimator', 'pilot_m'), the registry's default where the config is null."""
-    value, name = run.get(f"method.{key}"), run.get("method.name")
-    return getattr(METHODS[name], key) if value is None and name in METHODS else value
+    """A method setting of the run (e.g. 'estimator', 'pilot_m'), its default filled in where the config is null, as
+    run identity reads it (sera.identity.result_settings)."""
+    return result_settings(run.config).get(f"method.{key}")
 
 
 def read_jsonl(path: Path) -> tuple[list[dict], list[str], bool]:

@@ -137,7 +137,8 @@ class MethodSettings:
         method = get_method(name)
         if method.advantage is None and not study.exact_likelihood:
             raise ValueError(f"{name} has no rollouts; the {study.name} study needs an RL method")
-        estimator = estimator if estimator is not None else method.estimator
+        if estimator is None:  # SERA without pilots (pilot_m=0) is SERA with the historical p_hat
+            estimator = "history" if pilot_m == 0 and method.estimator == "pilot" else method.estimator
         pilot_m = pilot_m if pilot_m is not None else (method.pilot_m if estimator == "pilot" else 0)
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")

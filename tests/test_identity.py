@@ -47,3 +47,28 @@ def test_a_long_suffix_is_shortened_with_a_hash_that_tells_ablations_apart():
 def test_a_refusal_names_each_key_with_both_values():
     text = identity.describe(identity.differences(SERA, with_method(p_lo=0.03125)))
     assert text == "method.p_lo: 0.0625 there, 0.03125 here"
+
+
+def test_sera_without_pilots_is_sera_with_the_historical_p_hat():
+    """method.pilot_m=0 alone (make ablate-pilot's m = 0) is the run `method.estimator=history method.pilot_m=0` was:
+    the same settings, the same name."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.imagenet import train
+    from tests.test_imagenet import CONFIGS
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        default = compose("imagenet", ["method=sera"])
+        short = compose("imagenet", ["method=sera", "method.pilot_m=0"])
+        spelled = compose("imagenet", ["method=sera", "method.pilot_m=0", "method.estimator=history"])
+    settings = train.validate(short)
+    assert (settings.estimator, settings.pilot_m) == ("history", 0)
+    plain = identity.result_settings
+    assert plain(container(short)) == plain(container(spelled)) != plain(container(default))
+    assert train.run_name(short, settings, container(default)) == "sera-history_n0-16_seed-0"
+
+
+def container(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)
