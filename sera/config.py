@@ -70,7 +70,7 @@ def check_group_choices(config_dir, argv: list[str], groups=("method", "scale"))
         if group not in groups or not value:
             continue
         valid = sorted(str(p.relative_to(root / group).with_suffix("")) for p in (root / group).rglob("*.yaml"))
-        valid = [v for v in valid if v != "common"]
+        valid = [v for v in valid if v != "common" and not Path(v).name.startswith("_")]  # bases, not choices
         for choice in value.split(","):
             if choice not in valid:
                 raise SystemExit(f"unknown {group}={choice}; choose from: {', '.join(valid)}")

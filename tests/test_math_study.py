@@ -25,7 +25,7 @@ from experiments.math.train import EVAL_ID_BASE, MathTask, load_problems, valida
 from sera.runlog import RunDir, read_jsonl
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SCALES = sorted(p.stem for p in (CONFIGS / "scale" / "math").glob("*.yaml"))
+SCALES = sorted(p.stem for p in (CONFIGS / "scale" / "math").glob("*.yaml") if not p.stem.startswith("_"))  # bases
 TABLE1 = ["grpo", "pkpo", "maxrl", "dars_hw", "sera"]
 
 
@@ -339,3 +339,14 @@ def test_the_cpu_scales_keep_the_settings_readme_quotes(scale):
     validate(cfg)
     expected = CPU_SCALE_SETTINGS[scale]
     assert {key: OmegaConf.select(cfg, key) for key in expected} == expected
+
+
+def test_the_qwen_configs_share_one_base():
+    """configs/scale/math/_polaris.yaml holds what Tables 6-9 share; each Qwen scale adds its model and its sets."""
+    a, b = (config(f"scale=math/{s}") for s in ("paper_qwen25math", "paper_qwen3"))
+    shared = ("optim", "eval", "engine", "template", "n0", "temperature", "data.train", "train.steps", "model.eos_token")
+    for key in shared:
+        assert OmegaConf.select(a, key) == OmegaConf.select(b, key), key
+    assert (a.model.name, a.max_new_tokens, a.train.micro_batch_rollouts) == ("qwen2.5-math-1.5b", 3072, 64)
+    assert (b.model.name, b.max_new_tokens, b.train.micro_batch_rollouts) == ("qwen3-4b-base", 4096, 32)
+    assert "olympiadbench" in a.data.eval and "minerva" in b.data.eval and "minerva" not in a.data.eval
