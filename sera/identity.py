@@ -79,11 +79,7 @@ def comparable_config(config: dict) -> dict:
         method = {k: defaults[k] if k in defaults and v is None else v for k, v in method.items()}
         config = {**config, "method": method}
     if isinstance(method, dict) and isinstance(method.get("sequential"), dict):
-        entry = METHODS.get(method.get("name"))
-        if entry is None:
-            reads = set(method["sequential"])
-        else:
-            reads = set(entry.sampler.reads)
+        reads = set(method["sequential"]) if entry is None else set(entry.sampler.reads)
         sequential = {k: v for k, v in method["sequential"].items() if k in reads}
         method = {k: v for k, v in method.items() if k != "sequential"} | ({"sequential": sequential} if reads else {})
         config = {**config, "method": method}
