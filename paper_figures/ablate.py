@@ -19,7 +19,15 @@ import numpy as np
 
 from paper_figures import guard
 from paper_figures.render import pyplot, save_figure, write_table
-from paper_figures.runs import PerQuestion, Run, group_runs, load_runs, pair_by_question, per_question
+from paper_figures.runs import (
+    PerQuestion,
+    Run,
+    group_runs,
+    load_runs,
+    pair_by_question,
+    per_question,
+    seed_differences,
+)
 from sera.identity import result_settings
 from sera.runlog import TRAIN_POOL_SET, VAL_P_FILE
 from sera.stats import paired_bootstrap_ci, seed_t_interval
@@ -80,16 +88,10 @@ def groups_by_value(runs: list[Run], method: str, setting: str, values: list) ->
 
 def seed_level(a: list[Run], b: list[Run], ks: list[int]) -> list[tuple[float, float, float] | None]:
     """Per K: the seed-level 95% t-interval (pp) of a minus b over the seeds both ran; None with fewer than two."""
-    rows = []
-    for seed in sorted({r.get("seed") for r in a} & {r.get("seed") for r in b}):
-        x = questions([r for r in a if r.get("seed") == seed], ks)
-        y = questions([r for r in b if r.get("seed") == seed], ks)
-        if x is not None and y is not None:
-            xv, yv, _ = pair_by_question(x, y, f"seed {seed}")
-            rows.append(100 * (xv - yv).mean(axis=0))
-    if len(rows) < 2:
+    seeds, _, diffs = seed_differences(a, b, None, ks, "ablation", questions=questions)
+    if len(seeds) < 2:
         return [None] * len(ks)
-    ci = seed_t_interval(np.stack(rows))
+    ci = seed_t_interval(100 * diffs)
     return list(zip(ci.delta, ci.low, ci.high, strict=True))
 
 

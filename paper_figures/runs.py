@@ -316,14 +316,16 @@ def pair_by_question(a: PerQuestion, b: PerQuestion, what: str) -> tuple[np.ndar
     return a.values[:, [a.ks.index(k) for k in ks]], b.values[:, [b.ks.index(k) for k in ks]], ks
 
 
-def seed_differences(a: list[Run], b: list[Run], eval_set: str, ks: list[int], what: str):
+def seed_differences(a: list[Run], b: list[Run], eval_set: str | None, ks: list[int], what: str, questions=None):
     """Per seed that both groups ran: the mean over questions of a's minus b's Pass@k. Returns (seeds, ks,
     diffs (S, K)), the unit of the seed-level interval (sera.stats.seed_t_interval); (seeds [], ks, None) when no seed
-    is shared."""
+    is shared. `questions(runs, ks) -> PerQuestion | None` reads a seed's per-question Pass@k (default: the newest
+    record on `eval_set`, per_question)."""
+    questions = questions or (lambda runs, ks: per_question(runs, eval_set, ks))
     seeds, rows, common = [], [], ks
     for seed in sorted({r.get("seed") for r in a} & {r.get("seed") for r in b}):
-        x = per_question([r for r in a if r.get("seed") == seed], eval_set, ks)
-        y = per_question([r for r in b if r.get("seed") == seed], eval_set, ks)
+        x = questions([r for r in a if r.get("seed") == seed], ks)
+        y = questions([r for r in b if r.get("seed") == seed], ks)
         if x is None or y is None:
             continue
         xv, yv, common = pair_by_question(x, y, f"{what}, seed {seed}")
