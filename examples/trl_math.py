@@ -11,8 +11,12 @@
 The problems come from the math study (`experiments/math/data.py`: a registry slug such as gsm8k kept locally, a
 .jsonl/.parquet file, or a generated family such as chain_sum); the reward is its grading (math-verify on the last
 \\boxed{}, 0 for a completion cut at the length limit). `--vllm server` generates on a `trl vllm-serve` process,
-`--vllm colocate` inside each training process. Settings not given here are GRPOConfig's; the defaults below are
-the MaxRL authors' Qwen settings where the SERA paper is silent (docs/design.md section 5).
+`--vllm colocate` inside each training process (on the CPU in .venv-vllm, `make install-vllm`: a from-scratch model is
+saved under --output-dir first, since vLLM loads a model by its path). `--eval-problems N --eval-every K` evaluates
+N held-out problems every K steps (mean reward of --n0 samples each, MaxRL's loss on TRL's uniform groups),
+`--save-every K` checkpoints and `--resume` continues from the last checkpoint in --output-dir (SERA's historical
+p_hat included), `--report-to wandb` logs there. Settings not given here are GRPOConfig's; the defaults below are the
+MaxRL authors' Qwen settings where the SERA paper is silent (docs/design.md section 5).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from experiments.math.generated import FAMILIES, make_splits
 from experiments.math.grading import score_batch
 from experiments.math.model import FROM_SCRATCH, build_from_scratch, build_tokenizer
 from experiments.math.prompts import TEMPLATES, render
-from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer
+from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -51,18 +55,37 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/trl-math")
+    p.add_argument("--report-to", default="none", help="none, or TRL's integrations, comma-separated (e.g. wandb)")
+    p.add_argument("--eval", default=None, help="held-out problems: registry slug or file (default: the --train "
+                   "family's held-out pool, for a generated family)")  # fmt: skip
+    p.add_argument("--eval-problems", type=int, default=0, help="held-out problems evaluated (0: no evaluation)")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
+    p.add_argument("--save-every", type=int, default=None, help="steps between checkpoints (default: no checkpoints)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     return p.parse_args(argv)
 
 
 def load(a) -> tuple:
-    """(model or hub id, tokenizer or None, problems)."""
+    """(model or hub id or path, tokenizer or None, training problems, held-out problems)."""
+    heldout = []
     if a.train in FAMILIES:
-        problems, _ = make_splits(a.train, a.num_train, 1, a.seed)
+        problems, pool = make_splits(a.train, a.num_train, a.eval_problems if a.eval is None else 0, a.seed)
+        heldout = pool
     else:
         problems = load_dataset_spec(a.train)  # FileNotFoundError naming the file and the hub dataset when missing
+    if a.eval is not None:
+        heldout = load_dataset_spec(a.eval)[: a.eval_problems]
+    elif a.eval_problems and a.train not in FAMILIES:
+        raise ValueError("--eval-problems needs --eval (held-out problems) unless --train is a generated family")
     if a.model in FROM_SCRATCH:
-        return build_from_scratch(a.model), build_tokenizer(), problems
-    return a.model, None, problems
+        model, tokenizer = build_from_scratch(a.model), build_tokenizer()
+        if a.vllm != "none":  # vLLM loads the model by its path
+            path = os.path.join(a.output_dir, "initial-model")
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            model = path
+        return model, tokenizer, problems, heldout
+    return a.model, None, problems, heldout
 
 
 def main(argv=None) -> SERAGRPOTrainer:
@@ -73,18 +96,20 @@ def main(argv=None) -> SERAGRPOTrainer:
     rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
     if rest:
         raise ValueError(f"B x n0 = {a.prompts} x {a.n0} rows must split evenly over {processes} x {a.grad_accum}")
-    model, tokenizer, problems = load(a)
+    model, tokenizer, problems, heldout = load(a)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-    dataset = Dataset.from_dict(
-        {
-            "prompt": [render(a.template, p["question"], tokenizer) for p in problems],
-            "answer": [p["answer"] for p in problems],
-            "prompt_id": [p["id"] for p in problems],
-        }
-    )
+
+    def dataset(rows: list[dict]):
+        return Dataset.from_dict(
+            {
+                "prompt": [render(a.template, p["question"], tokenizer) for p in rows],
+                "answer": [p["answer"] for p in rows],
+                "prompt_id": [p["id"] for p in rows],
+            }
+        )
 
     def math_verify(completions, answer, completion_ids, **kwargs):
         cut = [len(ids) >= a.max_completion_length and ids[-1] != tokenizer.eos_token_id for ids in completion_ids]
@@ -96,13 +121,27 @@ def main(argv=None) -> SERAGRPOTrainer:
         learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=a.grad_clip,
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
-        use_cpu=a.cpu, activation_checkpointing=not a.cpu, seed=a.seed, report_to=[], logging_steps=1,
+        use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
+        logging_steps=1, **activation_checkpointing(not a.cpu), **evaluation(a, heldout),
+        save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
     )  # fmt: skip
     trainer = SERAGRPOTrainer(
-        model=model, reward_funcs=math_verify, args=args, train_dataset=dataset, processing_class=tokenizer
-    )
-    trainer.train()
+        model=model, reward_funcs=math_verify, args=args, train_dataset=dataset(problems),
+        eval_dataset=dataset(heldout) if heldout else None, processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer
+
+
+def evaluation(a, heldout: list) -> dict:
+    """GRPOConfig's evaluation settings: every --eval-every steps on the held-out problems, --n0 samples each."""
+    if not heldout:
+        return {}
+    rows, rest = divmod(len(heldout) * a.n0, int(os.environ.get("WORLD_SIZE", 1)))
+    if rest:
+        raise ValueError(f"{len(heldout)} held-out problems x {a.n0} samples must split evenly over the processes")
+    return dict(eval_strategy="steps", eval_steps=a.eval_every, per_device_eval_batch_size=rows,
+                num_generations_eval=a.n0)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -208,6 +208,9 @@ class SERAGRPOTrainer(GRPOTrainer):
         self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients, collection metrics)
         self._eval_rewards: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
+        generation = getattr(self, "vllm_generation", None)
+        if generation is not None and generation.mode == "colocate" and _vllm_on_cpu():
+            generation.sync_weights = lambda: reload_colocated_weights(generation)
 
     # -----------------------------------------------------------------------------------------------------------
     # The step: TRL calls _generate_and_score_completions, which calls _generate, then _calculate_rewards.
@@ -397,7 +400,7 @@ class SERAGRPOTrainer(GRPOTrainer):
             advantages[rank * local : (rank + 1) * local], dtype=torch.float32, device=self.accelerator.device
         )
         logged = self._logs["advantages"]  # the completions table shows the advantages the loss used, not GRPO's
-        for _ in range(advantages.size):
+        for _ in range(min(advantages.size, len(logged))):  # the table keeps one generation batch: maybe fewer rows
             logged.pop()
         logged.extend(advantages.tolist())
         self._eval_rewards = None
@@ -424,6 +427,39 @@ class SERAGRPOTrainer(GRPOTrainer):
 
 
 HISTORY_FILE = "sera_history.npz"
+
+
+def activation_checkpointing(on: bool) -> dict:
+    """GRPOConfig's activation-checkpointing switch (TRL turns it on by default), under its name in the installed
+    transformers: `activation_checkpointing` from 5.20, `gradient_checkpointing` before (.venv-vllm has 5.17)."""
+    names = {f.name for f in fields(GRPOConfig)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": on}
+
+
+def _vllm_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def reload_colocated_weights(generation) -> None:
+    """TRL's colocate weight sync, for vLLM's CPU backend. TRL loads each parameter with the model's `load_weights`,
+    which fails there ("'Parameter' object has no attribute 'weight_loader'"): the CPU backend prepacks its matmul
+    weights after loading, and the prepacked parameters have no loader. vLLM's `reload_weights` restores the
+    checkpoint layout, loads the weights given and prepacks again (the suite's own VLLMEngine syncs the same way).
+    GPUs keep TRL's own path. Every process walks the parameters: gathering them is a collective (ZeRO-3, FSDP).
+    The reload unties what the checkpoint ties (a tied output embedding keeps its old values unless named), so every
+    tied name is given too."""
+    weights = {name: param.detach().clone() for name, param in generation._iter_named_params()}
+    model = generation.accelerator.unwrap_model(generation.model)
+    first_name = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        first = first_name.setdefault(id(tensor), name)
+        if name not in weights and first in weights:  # e.g. lm_head.weight, tied to model.embed_tokens.weight
+            weights[name] = weights[first]
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=iter(weights.items()))
+    generation.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
 
 
 def check_supported(config: SERAGRPOConfig, settings: MethodSettings, given: dict) -> None:

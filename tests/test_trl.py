@@ -17,28 +17,9 @@ from sera.advantages import maxrl
 from sera.allocation import waterline
 from sera.trl import HISTORY_FILE, SERAGRPOConfig, SERAGRPOTrainer
 from tests import trl_toy
+from tests.trl_toy import check_step
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
-
-
-def check_step(r: dict, method: str = "sera") -> None:
-    """A step's checks (tests/trl_toy.one_step): the budget, one prompt per group, MaxRL x n0 / n_i, the gradient."""
-    assert r["counts_sum"] == r["rows"] == r["budget"]  # B x n0 completions, as TRL counts them
-    assert r["counts_by_prompt"] == r["trainer_counts"]  # the groups TRL's rows show are the trainer's
-    assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["groups_distinct"] and r["rewards_match"]
-    assert r["nonuniform"] == (method == "sera")  # the toy step's waterline moves rollouts; MaxRL keeps n0 each
-    assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
-    assert r["grad_scale"] > 0 and r["grad_error"] <= 1e-5 * r["grad_scale"]
-    logs = r["logs"]
-    assert logs["alloc/budget"] == logs["alloc/rollouts"] == logs["alloc/generated"] == r["budget"]
-    assert (logs["alloc/n_min"], logs["alloc/n_max"]) == (min(r["counts_by_prompt"]), max(r["counts_by_prompt"]))
-    assert logs["frac_reward_zero_std"] == pytest.approx(r["frac_zero_std"])  # on the true groups
-    assert logs["completions/mean_length"] == pytest.approx(r["mean_length"])  # over both draws of the step
-    assert ("alloc/tau" in logs) == ("alloc/p_hat_mean" in logs) == (method == "sera")
-    # `reward` means what it means in a uniform run; the mean over SERA's allocated rows has a name of its own
-    assert logs["reward"] == pytest.approx(r["prompt_mean_reward"])
-    assert logs["reward_allocated"] == pytest.approx(r["row_mean_reward"])
-    assert logs["rewards/first_letter_allowed/mean"] == pytest.approx(r["prompt_mean_reward"])
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo", "cispo", "vespo", "sapo"])
@@ -257,10 +238,17 @@ def test_launch_script_runs_on_the_cpu(tmp_path):
     """examples/trl_math.py, the script README launches on several GPUs, for one CPU step on generated chain sums."""
     from examples.trl_math import main
 
-    trainer = main(["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2",
-                    "--n0", "8", "--pilot-m", "4", "--max-completion-length", "16", "--steps", "1", "--cpu",
-                    "--output-dir", str(tmp_path)])  # fmt: skip
+    common = ["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2", "--n0",
+              "8", "--pilot-m", "4", "--max-completion-length", "16", "--cpu", "--output-dir", str(tmp_path)]
+    trainer = main([*common, "--steps", "1"])
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 2 * 8
+    # held-out evaluation (4 problems x n0 = 32 rows: more than a generation batch), checkpoints, then a resume
+    evaluated = [*common, "--eval-problems", "4", "--eval-every", "1", "--save-every", "1"]
+    main([*evaluated, "--steps", "1"])
+    trainer = main([*evaluated, "--steps", "2", "--resume"])
+    assert trainer.state.global_step == 2 and (tmp_path / "checkpoint-1").is_dir()
+    evaluations = [log for log in trainer.state.log_history if "eval_reward" in log]
+    assert [log["step"] for log in evaluations] == [1, 2]  # step 1's evaluation was logged before the checkpoint
 
 
 @pytest.mark.parametrize("estimator, calls_per_step", [("history", 1), ("pilot", 2)])

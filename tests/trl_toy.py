@@ -1,6 +1,7 @@
 """SERAGRPOTrainer on a toy task, one training step with its checks, for tests/test_trl.py (in process or torchrun).
 
-    python -m tests.trl_toy OUT.json [sera|maxrl] [LOSS_TYPES]        one process (loss types comma-separated)
+    python -m tests.trl_toy OUT.json [sera|maxrl] [LOSS_TYPES] [--vllm]   one process (loss types comma-separated;
+                                                                         --vllm: vLLM colocate, in .venv-vllm)
     torchrun --standalone --nproc_per_node 2 -m tests.trl_toy OUT.json sera dapo,dr_grpo   two processes, gloo
 
 The task: a prompt of letters, reward 1 when the completion's first letter is one of the prompt's allowed letters (a
@@ -19,12 +20,13 @@ import os
 import sys
 
 import numpy as np
+import pytest
 import torch
 from transformers import TrainerCallback
 
 from sera.advantages import maxrl, multiplicity_weights
 from sera.losses import pg_loss
-from sera.trl import LOSS_AGGREGATION, SERAGRPOConfig, SERAGRPOTrainer
+from sera.trl import LOSS_AGGREGATION, SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
 
 LETTERS = "abcdefgh"
 PAD, EOS = "<pad>", "<eos>"
@@ -43,16 +45,28 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS)
 
 
-def model(seed: int = 0):
-    """A random 2-layer Llama, hidden 32, over the toy vocabulary."""
+def model(seed: int = 0, hidden: int = 32):
+    """A random 2-layer Llama with 2 heads over the toy vocabulary (hidden 32; vLLM's CPU attention needs a head
+    dimension of at least 32, so tests/vllm takes hidden 128)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=True, eos_token_id=1, pad_token_id=0,
+        vocab_size=len(VOCAB), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=True,
+        eos_token_id=1, pad_token_id=0,
     )  # fmt: skip
     return LlamaForCausalLM(config)
+
+
+VLLM_HIDDEN = 128  # head dimension 64, which vLLM's CPU attention has a kernel for
+
+
+def saved_model(folder) -> str:
+    """The vLLM-sized toy model and its tokenizer saved in `folder` (vLLM loads a model by its path)."""
+    model(hidden=VLLM_HIDDEN).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
 
 
 def dataset(size: int = 16, seed: int = 0):
@@ -76,8 +90,8 @@ def settings(out_dir, world: int = 1, prompts: int = 4) -> dict:
     return dict(
         output_dir=str(out_dir), num_generations=N0, per_device_train_batch_size=prompts * N0 // world,
         max_completion_length=MAX_LEN, max_steps=1, learning_rate=1e-2, max_grad_norm=0.0, use_cpu=True, report_to=[],
-        save_strategy="no", logging_steps=1, activation_checkpointing=False, bf16=False, seed=0, disable_tqdm=True,
-        dataloader_num_workers=0, temperature=1.0,
+        save_strategy="no", logging_steps=1, bf16=False, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        temperature=1.0, **activation_checkpointing(False),
     )  # fmt: skip
 
 
@@ -87,9 +101,10 @@ def config(out_dir, world: int = 1, prompts: int = 4, **overrides) -> SERAGRPOCo
     return SERAGRPOConfig(**settings(out_dir, world, prompts) | ({"pilot_m": PILOT_M} if pilots else {}) | overrides)
 
 
-def trainer(args, train_dataset=None, **kwargs) -> SERAGRPOTrainer:
+def trainer(args, train_dataset=None, model_path: str | None = None, **kwargs) -> SERAGRPOTrainer:
+    """The toy trainer: the in-memory toy model, or the one saved at model_path (vLLM loads it from there)."""
     return SERAGRPOTrainer(
-        model=model(), reward_funcs=first_letter_allowed, args=args, processing_class=tokenizer(),
+        model=model_path or model(), reward_funcs=first_letter_allowed, args=args, processing_class=tokenizer(),
         train_dataset=train_dataset if train_dataset is not None else dataset(), **kwargs,
     )  # fmt: skip
 
@@ -108,9 +123,30 @@ class Capture(TrainerCallback):
 
         trainer._generate_and_score_completions = recorded
 
+        self.trainer = trainer
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        engine = self.trainer.model_wrapped
+        if self.trainer.is_deepspeed_enabled and not hasattr(engine, "captured_step"):
+            # accelerate runs DeepSpeed's backward and step in one call, so the callback before the optimizer comes
+            # too late: read the gradients (partitioned under ZeRO, gathered here) just before the engine's step
+            from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+            step = engine.captured_step = engine.step
+
+            def captured(*a, **k):
+                named = list(model.named_parameters())
+                self.grads = [safe_get_full_grad(p).detach().clone() for _, p in named]
+                self.params = {name: safe_get_full_fp32_param(p).detach().clone() for name, p in named}
+                return step(*a, **k)
+
+            engine.step = captured
+
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.trainer.is_deepspeed_enabled:
+            return
         self.grads = [p.grad.detach().clone() for p in model.parameters()]
-        self.params = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the step's weights
+        self.params = {name: p.detach().clone() for name, p in model.named_parameters()}  # a tied weight once
 
 
 def gather(obj) -> list:
@@ -121,13 +157,16 @@ def gather(obj) -> list:
     return out
 
 
-def suite_gradient(state, output, coefficients, aggregation, totals) -> list[torch.Tensor]:
+def suite_gradient(config, state, output, coefficients, aggregation, totals) -> list[torch.Tensor]:
     """The gradient of sera.losses.pg_loss on this process's rows with the step's global normalisers, summed over the
     processes: log-probabilities of the completion tokens from a plain forward pass over prompt + completion, by a fresh
     copy of the model at the step's weights."""
     device = output["prompt_ids"].device  # the trainer's (a GPU where tests/gpu runs it)
-    net = model().to(device)
-    net.load_state_dict(state)
+    from transformers import LlamaForCausalLM
+
+    net = LlamaForCausalLM(config).to(device)
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # the output embedding is tied to the input one
     ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
     attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
     width = output["completion_ids"].shape[1]
@@ -148,10 +187,19 @@ def suite_gradient(state, output, coefficients, aggregation, totals) -> list[tor
     return grads
 
 
-def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides) -> dict:
-    """Train one step and return its checks (the same on every process)."""
+def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool = False, **overrides) -> dict:
+    """Train one step and return its checks (the same on every process). vllm: generate with vLLM in colocate mode
+    (the vLLM-sized toy model, saved under out_dir)."""
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's processes
-    run = trainer(config(out_dir, world, method=method, loss_type=loss_type, **overrides))
+    path = None
+    if vllm:
+        path = saved_model(os.path.join(out_dir, "toy-model"))
+        # TRL's truncated importance sampling multiplies each token's loss by the trainer's probability over vLLM's
+        # (0.996-1.005 here, vLLM's CPU kernels computing in their own precision): TRL's correction on top of the
+        # suite's loss, off so that the gradient is compared with the suite's alone
+        overrides = {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": False,
+                     **overrides}  # fmt: skip
+    run = trainer(config(out_dir, world, method=method, loss_type=loss_type, **overrides), model_path=path)
     capture = Capture(run)
     run.add_callback(capture)
     run.train()
@@ -170,6 +218,7 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides
     parts = gather(local)
     every = {key: [v for part in parts for v in part[key]] for key in local}  # TRL's row order, process 0 first
     step = run.last_step
+    holds = {type(p).__name__ + ("-zero3" if hasattr(p, "ds_id") else "") for p in run.model.parameters()}
     # the groups as TRL's rows show them: the rows of each prompt
     names, group = np.unique(every["prompt"], return_inverse=True)
     counts = np.bincount(group)
@@ -181,13 +230,15 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides
     start = sum(len(part["prompt"]) for part in parts[: run.accelerator.process_index])
     mine = slice(start, start + len(prompts))  # this process's rows
     tokens = float(sum(gather(float(output["completion_mask"].sum()))))
-    suite = suite_gradient(capture.params, output, (advantages[mine], weights[mine]), LOSS_AGGREGATION[loss_type],
-                           (group.size, tokens))  # fmt: skip
+    suite = suite_gradient(run.model.config, capture.params, output, (advantages[mine], weights[mine]),
+                           LOSS_AGGREGATION[loss_type], (group.size, tokens))  # fmt: skip
     grad_error = max(float((a - b).abs().max()) for a, b in zip(capture.grads, suite, strict=True))
     grad_scale = max(float(b.abs().max()) for b in suite)
     return {
         "device": output["completion_ids"].device.type,
         "world": world,
+        # how the trained model's parameters are held: FSDP2 shards them as DTensors, DeepSpeed ZeRO-3 partitions them
+        "sharded": sorted(holds),
         "rows": int(group.size),
         "budget": len(names) * N0,
         "counts_sum": int(step.counts.sum()),
@@ -220,16 +271,39 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", **overrides
     }
 
 
+def check_step(r: dict, method: str = "sera") -> None:
+    """A step's checks (tests/trl_toy.one_step): the budget, one prompt per group, MaxRL x n0 / n_i, the gradient."""
+    assert r["counts_sum"] == r["rows"] == r["budget"]  # B x n0 completions, as TRL counts them
+    assert r["counts_by_prompt"] == r["trainer_counts"]  # the groups TRL's rows show are the trainer's
+    assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["groups_distinct"] and r["rewards_match"]
+    assert r["nonuniform"] == (method == "sera")  # the toy step's waterline moves rollouts; MaxRL keeps n0 each
+    assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
+    assert r["grad_scale"] > 0 and r["grad_error"] <= 1e-5 * r["grad_scale"]
+    logs = r["logs"]
+    assert logs["alloc/budget"] == logs["alloc/rollouts"] == logs["alloc/generated"] == r["budget"]
+    assert (logs["alloc/n_min"], logs["alloc/n_max"]) == (min(r["counts_by_prompt"]), max(r["counts_by_prompt"]))
+    assert logs["frac_reward_zero_std"] == pytest.approx(r["frac_zero_std"])  # on the true groups
+    assert logs["completions/mean_length"] == pytest.approx(r["mean_length"])  # over both draws of the step
+    assert ("alloc/tau" in logs) == ("alloc/p_hat_mean" in logs) == (method == "sera")
+    # `reward` means what it means in a uniform run; the mean over SERA's allocated rows has a name of its own
+    assert logs["reward"] == pytest.approx(r["prompt_mean_reward"])
+    assert logs["reward_allocated"] == pytest.approx(r["row_mean_reward"])
+    assert logs["rewards/first_letter_allowed/mean"] == pytest.approx(r["prompt_mean_reward"])
+
+
 def main(argv: list[str]) -> None:
     """OUT.json [method] [loss types, comma-separated]: one step each, the checks of every step into OUT.json."""
     import tempfile
 
+    vllm, launched = "--vllm" in argv, "--accelerate" in argv
+    argv = [a for a in argv if a not in ("--vllm", "--accelerate")]
     out, method, loss_types = argv[0], *(argv[1:] + ["sera", "dapo"][len(argv) - 1 :])
     torch.set_num_threads(1)
     results = []
     for loss_type in loss_types.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            results.append(one_step(tmp, method, loss_type))
+            # under `accelerate launch` with DeepSpeed or FSDP: use_cpu=True would make accelerate drop them for DDP
+            results.append(one_step(tmp, method, loss_type, vllm=vllm, **({"use_cpu": False} if launched else {})))
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -115,3 +115,37 @@ def test_trl_step_on_the_gpu_in_bf16(tmp_path, method):
     assert r["nonuniform"] == (method == "sera")
     assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
     assert r["grad_scale"] > 0 and r["grad_error"] <= 3e-2 * r["grad_scale"]
+
+
+# accelerate configs for two GPUs: DeepSpeed ZeRO-2 and ZeRO-3, and FSDP2 (accelerate runs neither on CPU processes:
+# docs/trl.md "DeepSpeed and FSDP")
+SHARDED = {
+    "zero2": "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  zero3_init_flag: false\n",
+    "zero3": "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  zero3_init_flag: false\n",
+    "fsdp2": "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+    "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_state_dict_type: FULL_STATE_DICT\n",
+}
+HOLDS = {"zero2": ["Parameter"], "zero3": ["Parameter-zero3"], "fsdp2": ["DTensor"]}  # tests/trl_toy "sharded"
+
+
+@pytest.mark.parametrize("setup", sorted(SHARDED))
+def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
+    """SERAGRPOTrainer under `accelerate launch` on two GPUs with ZeRO-2, ZeRO-3 (parameters partitioned) and FSDP2
+    (DTensor parameters): the step's counts, advantages and gradient (gathered) as in one process."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    if setup.startswith("zero"):
+        pytest.importorskip("deepspeed")
+    config = tmp_path / f"{setup}.yaml"
+    config.write_text(SHARDED[setup] + "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n")
+    out = tmp_path / "step.json"
+    launch = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file", str(config)]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    done = subprocess.run([*launch, "-m", "tests.trl_toy", str(out), "sera", "dapo", "--accelerate"], cwd=root,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    import json
+
+    (r,) = json.loads(out.read_text())
+    assert r["world"] == 2 and r["sharded"] == HOLDS[setup]
+    trl_toy.check_step(r)
