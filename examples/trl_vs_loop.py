@@ -2,6 +2,7 @@
 
     .venv/bin/python -m examples.trl_vs_loop                  # the comparison README quotes (one thread)
     .venv/bin/python -m examples.trl_vs_loop --scale smoke --steps 2 --trl-seeds 0   # seconds: the test's version
+    .venv/bin/python -m examples.trl_vs_loop --trl-seeds 0 --estimators pilot,history   # pilots or the history
 
 Both start from the same tiny-math base model (the suite's SFT on generated two-term chain sums, trained once into
 the run root) and train SERA with the same settings, read from the math study's config: B problems x n0 rollouts a
@@ -19,6 +20,7 @@ Prints Pass@K of each model and the differences with a question-paired 95% boots
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -60,8 +62,27 @@ def base_dir(cfg) -> Path:
     return Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / cfg.model.name / f"base_seed-{cfg.seed}"
 
 
-def trl_run(cfg, base: Path, out_dir: Path) -> dict:
-    """SERAGRPOTrainer from the base checkpoint `base` with the run config's settings; its held-out record."""
+@contextlib.contextmanager
+def counting_generations():
+    """Count GRPOTrainer._generate calls (one generation round each: SERA's pilots, the rest, or both at once)."""
+    from trl import GRPOTrainer
+
+    calls, generate = [], GRPOTrainer._generate
+
+    def counted(self, prompts):
+        calls.append(len(prompts))
+        return generate(self, prompts)
+
+    GRPOTrainer._generate = counted
+    try:
+        yield calls
+    finally:
+        GRPOTrainer._generate = generate
+
+
+def trl_run(cfg, base: Path, out_dir: Path, estimator: str = "pilot") -> dict:
+    """SERAGRPOTrainer from the base checkpoint `base` with the run config's settings and p_hat from pilots or from
+    each problem's last success rate (`estimator=history`: no pilot round); its held-out record."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
@@ -76,8 +97,10 @@ def trl_run(cfg, base: Path, out_dir: Path) -> dict:
         {
             "prompt": [render(cfg.template, p["question"], tokenizer) for p in train],
             "answer": [p["answer"] for p in train],
+            "prompt_id": [p["id"] for p in train],
         }
     )
+    pilots = {"pilot_m": settings.pilot_m} if estimator == "pilot" else {"pilot_m": 0, "estimator": "history"}
 
     def math_verify(completions, answer, completion_ids, **kwargs):
         """The suite's reward: math-verify of the last \\boxed{}; a completion cut at the length limit scores 0."""
@@ -86,7 +109,7 @@ def trl_run(cfg, base: Path, out_dir: Path) -> dict:
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(base)
     args = SERAGRPOConfig(
-        output_dir=str(out_dir / "trainer"), method="sera", pilot_m=settings.pilot_m, n_max=settings.n_max,
+        output_dir=str(out_dir / "trainer"), method="sera", **pilots, n_max=settings.n_max,
         num_generations=cfg.n0, per_device_train_batch_size=loop.batch_size * cfg.n0,
         loss_type=LOSS_TYPE[settings.aggregation], max_completion_length=loop.max_new_tokens,
         temperature=loop.temperature, top_p=loop.top_p, max_steps=loop.steps, learning_rate=loop.lr,
@@ -99,12 +122,14 @@ def trl_run(cfg, base: Path, out_dir: Path) -> dict:
         model=model, reward_funcs=math_verify, args=args, train_dataset=dataset, processing_class=tokenizer
     )
     started = time.perf_counter()
-    trainer.train()
+    with counting_generations() as calls:
+        trainer.train()
     train_s = time.perf_counter() - started
     task = MathTask(tokenizer, cfg.template, problems, loop.batch_size, cfg.seed, EOS_ID, PAD_ID)
     engine = HFEngine(trainer.model, EOS_ID, PAD_ID, loop.temperature)
     metrics, records = evaluate(loop, task, engine, torch.Generator().manual_seed(cfg.seed))
-    result = {"metrics": metrics, "records": records, "train_s": train_s, "log": trainer.state.log_history}
+    result = {"metrics": metrics, "records": records, "train_s": train_s, "log": trainer.state.log_history,
+              "estimator": estimator, "generation_calls": len(calls), "steps": loop.steps}  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(result, default=float) + "\n")
     return result
@@ -134,6 +159,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=100, help="RL steps (null: the scale's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the base model and of the suite's loop")
     parser.add_argument("--trl-seeds", default="0,1", help="seeds of the TRL runs, from the same base model")
+    parser.add_argument("--estimators", default="pilot", help="SERA's p_hat in the TRL runs: pilot, history or both "
+                        "(pilot,history: one generation round a step against two)")  # fmt: skip
     parser.add_argument("--samples", type=int, default=64, help="evaluation samples a held-out problem")
     parser.add_argument("--root", default="runs/trl-vs-loop", help="where the base model and the runs go")
     parser.add_argument("override", nargs="*", help="more math config overrides, e.g. train.batch_size=16")
@@ -148,12 +175,15 @@ def main(argv=None) -> None:
     loop_s = time.perf_counter() - started
     rows = {f"suite loop, seed {a.seed}": per_question(loop_record(cfg, final), ks)}
     base = base_dir(cfg)
-    train_s = {}
-    for seed in [int(s) for s in a.trl_seeds.split(",")]:
-        cfg.seed = seed  # the TRL run's own seed (prompt order, sampling); its base model is the loop's
-        result = trl_run(cfg, base, root / "trl" / f"seed-{seed}")
-        rows[f"SERAGRPOTrainer, seed {seed}"] = per_question(next(iter(result["records"].values())), ks)
-        train_s[seed] = result["train_s"]
+    costs = {}
+    for estimator in a.estimators.split(","):
+        for seed in [int(s) for s in a.trl_seeds.split(",")]:
+            cfg.seed = seed  # the TRL run's own seed (prompt order, sampling); its base model is the loop's
+            folder = f"seed-{seed}" if estimator == "pilot" else f"{estimator}_seed-{seed}"
+            result = trl_run(cfg, base, root / "trl" / folder, estimator)
+            name = f"SERAGRPOTrainer, seed {seed}" + ("" if estimator == "pilot" else f", p_hat {estimator}")
+            rows[name] = per_question(next(iter(result["records"].values())), ks)
+            costs[name] = (result["train_s"] / result["steps"], result["generation_calls"] / result["steps"])
     summary = json.loads((base / "DONE").read_text())
     print(f"\nSERA, {cfg.train.batch_size} problems x n0 = {cfg.n0}, {cfg.train.steps} steps, held-out Pass@k in %:")
     print("| model | " + " | ".join(f"Pass@{k}" for k in ks) + " |")
@@ -164,7 +194,9 @@ def main(argv=None) -> None:
         print(f"| {name} | " + " | ".join(f"{100 * v:.2f}" for v in scores.mean(axis=0)) + " |")
     names = list(rows)
     pairs = [(trl, names[0]) for trl in names[1:]]  # each TRL run minus the loop, then TRL's seed-to-seed spread
-    pairs += [(names[2], names[1])] if len(names) > 2 else []
+    pilot_runs = [n for n in names[1:] if "p_hat" not in n]
+    pairs += [(pilot_runs[1], pilot_runs[0])] if len(pilot_runs) > 1 else []
+    pairs += [(n, n.split(", p_hat")[0]) for n in names if "p_hat" in n and n.split(", p_hat")[0] in rows]
     print("\nDifferences, pp [question-paired 95% bootstrap over the held-out problems]:")
     print("| difference | " + " | ".join(f"Pass@{k}" for k in ks) + " |")
     print("|---" * (len(ks) + 1) + "|")
@@ -172,8 +204,10 @@ def main(argv=None) -> None:
         ci = paired_bootstrap_ci(rows[a_name], rows[b_name])
         cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
         print(f"| {a_name} minus {b_name} | " + " | ".join(cells) + " |")
-    times = ", ".join(f"TRL seed {s} {t:.0f} s" for s, t in train_s.items())
-    print(f"\nWall time: the suite's loop {loop_s:.0f} s (with its evaluation, and the base model if new); {times}")
+    print(f"\nWall time: the suite's loop {loop_s:.0f} s (with its evaluation, and the base model if new)")
+    print("| TRL run | training s a step | generation rounds a step |\n|---|---|---|")
+    for name, (seconds, rounds) in costs.items():
+        print(f"| {name} | {seconds:.2f} | {rounds:.2f} |")
 
 
 if __name__ == "__main__":

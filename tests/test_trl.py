@@ -226,9 +226,14 @@ def test_comparison_script_runs(tmp_path, capsys):
     both evaluated by the suite's evaluator."""
     from examples.trl_vs_loop import main
 
-    main(["--scale", "smoke", "--steps", "2", "--trl-seeds", "0", "--samples", "8", "--root", str(tmp_path)])
+    main(["--scale", "smoke", "--steps", "2", "--trl-seeds", "0", "--samples", "8", "--root", str(tmp_path),
+          "--estimators", "pilot,history"])  # fmt: skip
     out = capsys.readouterr().out
     assert "| suite loop, seed 0 |" in out and "| SERAGRPOTrainer, seed 0 |" in out
+    # the historical p_hat needs no pilot round: one generation a step against the pilots' two
+    assert "| SERAGRPOTrainer, seed 0, p_hat history minus SERAGRPOTrainer, seed 0 |" in out
+    rounds = dict(re.findall(r"\| (SERAGRPOTrainer[^|]*) \| [0-9.]+ \| ([0-9.]+) \|", out))
+    assert rounds == {"SERAGRPOTrainer, seed 0": "2.00", "SERAGRPOTrainer, seed 0, p_hat history": "1.00"}
     result = json.loads((tmp_path / "trl" / "seed-0" / "result.json").read_text())
     assert result["log"][-1]["step"] == 2 and any("alloc/budget" in entry for entry in result["log"])
 
