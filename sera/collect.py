@@ -3,27 +3,28 @@
 A study supplies a `draw(counts)` callback: "draw counts[i] rollouts of prompt i of this step, return (payload,
 rewards)", rewards (sum(counts),) grouped by prompt and scored once, in one batch; and, for the sequential
 allocators, a prompt stream whose `take(k)` adds up to k prompts to the step (their step indices; `ids` holds every
-taken prompt's dataset id). A sampler (`SAMPLERS`, keyed by the method's allocator) calls draw once or more - pilots
-or probes first, then the rest of each group - and returns a `Collected`: the prompts trained on and their counts,
-the rewards grouped by prompt with pilots first, p_hat and tau, the rollouts generated (dropped groups included),
-and the rows of the concatenated payloads to train on, in the same grouped order. A new allocator is one entry of
-`SAMPLERS`: its collection function and what it needs (p_hat, a prompt stream, DPS's predictor, SARA's prior), which
-validation, the loops and the tables read from there; what a sequential allocator carries from step to step is one
-`SequentialState` (`sequential_state`), which the loops create, pass to `collect` and checkpoint. Pure numpy;
-docs/design.md sections 2-4.
+taken prompt's dataset id). A collection function (`COLLECTORS`, keyed by the method's allocator) calls draw once or
+more - pilots or probes first, then the rest of each group - and returns a `Collected`: the prompts trained on and
+their counts, the rewards grouped by prompt with pilots first, p_hat and tau, the rollouts generated (dropped groups
+included), and the rows of the concatenated payloads to train on, in the same grouped order. A new allocator is one
+entry of `sera.allocators.SAMPLERS` (what it needs: p_hat, a prompt stream, DPS's predictor, SARA's prior; validation,
+the loops and the tables read it there) and its collection function in `COLLECTORS`; what a sequential allocator
+carries from step to step is one `SequentialState` (`sequential_state`), which the loops create, pass to `collect`
+and checkpoint. Pure numpy; docs/design.md sections 2-4.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sera.advantages import ADVANTAGES, multiplicity_weights
 from sera.allocation import dars_hw_extra, uniform, waterline
 from sera.estimation import pilot_p_hat
+from sera.methods import MethodSettings
 from sera.sequential import (
     DynamicsPredictor,
     SaraAction,
@@ -34,9 +35,6 @@ from sera.sequential import (
     sara_step,
     sera_counts_after_probe,
 )
-
-if TYPE_CHECKING:
-    from sera.methods import MethodSettings
 
 DrawFn = Callable[[np.ndarray], tuple[Any, np.ndarray]]  # counts (P,) -> (payload, rewards (sum counts,))
 
@@ -317,45 +315,16 @@ def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, state
     return out
 
 
-# The method.sequential settings each sequential allocator reads (SequentialSettings fields): run-config comparison
-# and run names look only at these, so a setting an allocator ignores never tells two of its runs apart.
-DS_READS = ("gen_batch", "max_rounds")
-DPS_READS = ("dps_ratio", "dps_decay")
-SARA_READS = ("k0", "k_min", "chunk", "tau_lo", "tau_hi", "prior", "a0", "b0", "window", "history_decay", "max_waves",
-              "mode")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """A rollout allocator: its collection function and what it needs from the study and the step. Validation
-    (sera.methods), the loops and the tables read these flags; nothing else names an allocator."""
-
-    collect: Callable[..., Collected] | None  # (settings, batch, draw, *, p_hat_source, stream, state); None: no
-    # rollouts (Direct CE)
-    p_hat: bool = False  # allocates from an estimate p_hat, so the method needs method.estimator != none
-    stream: bool = False  # takes prompts from a stream during the step (sequential: DS, DPS, SARA)
-    predictor: bool = False  # ranks prompts by DPS's predictor, which needs prompts that recur
-    prior: bool = False  # decides by SARA's rule under its Beta prior, carried across steps
-    reads: tuple[str, ...] = ()  # the method.sequential settings it reads
-    unequal_counts: bool = False  # n_i can differ between prompts, so the multiplicity correction means something
-    cap: tuple[str, str] | None = None  # (the method.sequential setting that caps a step's draws, its unit)
-
-
-DS_CAP, SARA_CAP = ("max_rounds", "rounds"), ("max_waves", "waves")  # generation rounds / waves a step at most
-SAMPLERS = {
-    "none": Sampler(None),
-    "uniform": Sampler(collect_uniform),
-    "waterline": Sampler(collect_waterline, p_hat=True, unequal_counts=True),
-    "dars_hw": Sampler(collect_dars_hw, unequal_counts=True),
-    "ds": Sampler(collect_ds, stream=True, reads=DS_READS, cap=DS_CAP),
-    "dps": Sampler(collect_dps, stream=True, predictor=True, reads=DPS_READS),
-    "sara": Sampler(collect_sara, stream=True, prior=True, reads=SARA_READS, cap=SARA_CAP),
-    "sara+dps": Sampler(
-        collect_sara, stream=True, predictor=True, prior=True, reads=SARA_READS + DPS_READS, cap=SARA_CAP
-    ),
-    "sara+sera": Sampler(
-        collect_sara_sera, stream=True, unequal_counts=True, prior=True, reads=SARA_READS, cap=SARA_CAP
-    ),
+# Each allocator's collection function (sera.allocators.SAMPLERS says what it needs; "none", Direct CE, has none)
+COLLECTORS: dict[str, Callable[..., Collected]] = {
+    "uniform": collect_uniform,
+    "waterline": collect_waterline,
+    "dars_hw": collect_dars_hw,
+    "ds": collect_ds,
+    "dps": collect_dps,
+    "sara": collect_sara,
+    "sara+dps": collect_sara,
+    "sara+sera": collect_sara_sera,
 }
 
 
@@ -371,7 +340,9 @@ def collect(
     (taken already); p_hat_source gives the history or oracle p_hat (B,) when the estimator needs one. Sequential
     allocators take prompts from `stream` (take(k), size(), ids) and carry `state` across steps (DPS's predictor,
     SARA's prior: `sequential_state`). Returns a Collected."""
-    sampler = s.sampler
+    sampler, allocator = s.sampler, s.method.allocator
+    if allocator not in COLLECTORS:
+        raise ValueError(f"{s.method.name} collects no rollouts (allocator {allocator!r})")
     if s.estimator in ("history", "oracle") and p_hat_source is None:
         raise ValueError(f"method.estimator={s.estimator} needs a p_hat source")
     needs_state = sampler.predictor or sampler.prior
@@ -380,7 +351,7 @@ def collect(
                          "prior; see sequential_state)")  # fmt: skip
     if needs_state and ((sampler.predictor and state.predictor is None) or (sampler.prior and state.prior is None)):
         raise ValueError(f"the sequential state passed lacks what {s.method.name} needs (use sequential_state)")
-    return sampler.collect(s, batch, draw, p_hat_source=p_hat_source, stream=stream, state=state)
+    return COLLECTORS[allocator](s, batch, draw, p_hat_source=p_hat_source, stream=stream, state=state)
 
 
 def advantages_and_weights(s: MethodSettings, out: Collected) -> tuple[np.ndarray, np.ndarray]:

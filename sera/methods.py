@@ -1,7 +1,7 @@
 """The method registry and a run's method settings: one place for every method decision (docs/architecture.md).
 
 `METHODS` has one entry per row name of the paper's tables: an advantage estimator (sera.advantages.ADVANTAGES), a
-rollout allocator (a sampler of sera.collect.SAMPLERS), whether SERA's multiplicity correction applies, and the
+rollout allocator (an entry of sera.allocators.SAMPLERS), whether SERA's multiplicity correction applies, and the
 method's default p_hat source. `MethodSettings.from_config` reads a run config's `method`, `n0` and `alloc` groups
 once, fills the defaults from the registry and docs/design.md, applies every cross-field rule, and is what the library
 takes; nothing below the entry points reads the Hydra config or branches on method strings.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sera.collect import SAMPLERS, Sampler
+from sera.allocators import SAMPLERS, Sampler
 from sera.estimation import P_HI, P_LO
 from sera.sequential import SequentialSettings
 
@@ -26,7 +26,7 @@ class Method:
     name: str  # registry key = config file = run directory = table row id
     label: str  # the paper's display name
     advantage: str | None  # key of sera.advantages.ADVANTAGES; None = exact likelihood (Direct CE, no rollouts)
-    allocator: str = "uniform"  # key of sera.collect.SAMPLERS, which says what the allocator needs
+    allocator: str = "uniform"  # key of sera.allocators.SAMPLERS, which says what the allocator needs
     multiplicity_correction: bool = False  # SERA: weight each rollout by n0 / n_i
     estimator: str = "none"  # default p_hat source
     pilot_m: int = 0  # default pilot rollouts per prompt

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from sera.collect import SAMPLERS, collect
+from sera.allocators import SAMPLERS
+from sera.collect import COLLECTORS, collect
 from sera.methods import METHODS, MethodSettings
 
 P = np.array([0.02, 0.3, 0.6, 0.97, 0.5, 0.1])  # true success probabilities of the step's six prompts
@@ -85,6 +86,7 @@ def test_bad_draw_and_missing_source_are_errors():
 
 def test_every_registry_allocator_has_a_sampler():
     assert {m.allocator for m in METHODS.values() if m.advantage is not None} <= set(SAMPLERS)
+    assert set(COLLECTORS) == set(SAMPLERS) - {"none"}  # every allocator with rollouts has its collection function
 
 
 def test_sara_resumes_a_checkpoint_from_before_its_prior():

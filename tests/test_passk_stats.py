@@ -78,8 +78,8 @@ def test_bootstrap_coverage_near_95_percent():
 
 def test_math_modules_do_not_import_torch():
     code = (
-        "import sys; import sera, sera.allocation, sera.estimation, sera.advantages, sera.methods, sera.collect, "
-        "sera.sequential, sera.passk, sera.stats; assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys; import sera, sera.allocation, sera.allocators, sera.estimation, sera.advantages, sera.methods, "
+        "sera.collect, sera.sequential, sera.passk, sera.stats; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,4 +1,4 @@
-"""What an allocator can do is data in one registry entry (sera.collect.SAMPLERS), and a method is one entry of
+"""What an allocator can do is data in one registry entry (sera.allocators.SAMPLERS), and a method is one entry of
 sera.methods.METHODS plus its config file: validation, the collection step and the tables read them from there.
 
 The acceptance test of issue 18 point 1: a method that differs from SERA only in its p_hat clip is added as one
@@ -15,7 +15,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from paper_figures import imagenet
-from sera.collect import SAMPLERS, Sampler, collect
+from sera.allocators import SAMPLERS, Sampler
+from sera.collect import COLLECTORS, collect
 from sera.methods import METHODS, MethodSettings, Study
 from sera.sequential import SequentialSettings
 from tests.test_paper_figures_imagenet import make_run, read_csv_rows
@@ -42,7 +43,8 @@ def test_every_method_names_a_registered_sampler_and_baseline():
 def test_validation_reads_the_samplers_flags(monkeypatch):
     """A new allocator's needs come from its flags alone: a stream allocator is refused by a study without one, a
     p_hat allocator needs an estimator, and the collection step refuses a missing stream or predictor."""
-    monkeypatch.setitem(SAMPLERS, "probe", Sampler(SAMPLERS["sara"].collect, stream=True, predictor=True))
+    monkeypatch.setitem(SAMPLERS, "probe", Sampler(stream=True, predictor=True))
+    monkeypatch.setitem(COLLECTORS, "probe", COLLECTORS["sara"])
     monkeypatch.setitem(METHODS, "probe", replace(METHODS["sara"], name="probe", allocator="probe"))
     cfg = compose_cfg(CONFIGS, "method=sara", "method.name=probe")
     with pytest.raises(ValueError, match="draws extra prompts"):
