@@ -108,7 +108,7 @@ endif
 
 STUDY ?= imagenet
 METHOD ?= sera
-ablate: install ## any setting: STUDY=imagenet|maze|math SETTING=<config key> VALUES=a,b,c SEEDS=0,1,2 [METHOD=sera] [SCALE=cpu]; then a table and a plot against the first value
+ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= [METHOD=sera]; a table and a plot
 	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
 	$(ARCHIVE) restore --folder $(STUDY)-$(SCALE)
 	$(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
@@ -137,7 +137,7 @@ BASELINES ?= 1
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze): base model, GRPO, MaxRL and SERA x token-mean/seqnorm; SCALE=cpu|cpu_earlier|paper, MAZE_SEEDS=0,1,2 AGGREGATIONS= BASELINES= (cpu: about 1 h 45 min a seed; the pre-registered 12 seeds about 15 core-hours)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; docs/running.md)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS))
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MAZE_SEEDS)
@@ -158,7 +158,7 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # DARS-HW runs were made with this cap.
 MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math): base model, GRPO, PKPO, DARS-HW, MaxRL and SERA; SCALE=cpu|cpu_sft3000|cpu_earlier|paper, MATH_SEEDS=0,1,2, MODEL= (cpu: about 1 h 50 min a seed; the pre-registered 20 seeds about 16 core-hours)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))

@@ -60,3 +60,20 @@ def test_the_archive_holds_runs_to_check():
     """The check above is not vacuous: the committed archive has RL runs of both LM studies."""  # and ablations
     experiments = {yaml.safe_load(p.read_text())["experiment"] for p in archived_rl_configs()}
     assert {"maze", "math"} <= experiments
+
+
+# Scale files whose runs share a folder name other than their own on purpose: the Qwen paper scales write under
+# math-paper/<model>/ beside SmolLM2's, and the SmolLM2 check keeps its first folder name
+SHARED_FOLDERS = {("math", "paper_qwen25math"): "paper", ("math", "paper_qwen3"): "paper",
+                  ("math", "smollm2_check"): "check"}  # fmt: skip
+
+
+@pytest.mark.parametrize("experiment", ["imagenet", "maze", "math"])
+def test_each_scale_file_names_its_own_run_folder(experiment):
+    """scale_name, the run folder's suffix, is the scale file's own name: a copied scale file that kept its
+    original's would write into that scale's folder (where the run-identity check would then refuse its runs)."""
+    scales = sorted(p.stem for p in (ROOT / "configs" / "scale" / experiment).glob("*.yaml") if not p.stem[0] == "_")
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        for scale in scales:
+            cfg = compose(experiment, overrides=[f"scale={experiment}/{scale}"])
+            assert cfg.scale_name == SHARED_FOLDERS.get((experiment, scale), scale), f"{experiment}/{scale}.yaml"
