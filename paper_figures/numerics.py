@@ -83,11 +83,13 @@ def compare_folder(
         return [f"{folder}: no fresh tables under {fresh_dir}; build them first"]
     committed = {n: t for n, t in committed.items() if n in fresh}
     diff = guard.compare(committed, fresh)
-    lines = diff.changes + diff.losses
+    # a loss (a measured row gone, a number missing) is also a change: counted once, and marked
+    lines = diff.changes + [f"lost: {loss}" for loss in diff.losses]
     head = (
         f"{folder}: identical to the committed tables ({', '.join(sorted(fresh))})"
         if not lines
-        else f"{folder}: {len(lines)} difference(s) from the committed tables ({', '.join(sorted(fresh))})"
+        else f"{folder}: {len(diff.changes)} difference(s) from the committed tables, {len(diff.losses)} of them "
+        f"losses ({', '.join(sorted(fresh))})"
     )
     return [
         head,
