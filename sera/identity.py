@@ -10,6 +10,8 @@ naming each differing key with both values, and the tables group runs by the sam
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 
 # Settings that never change what a run computes: how it runs (threads, progress, wandb, device, data loading) and
@@ -155,14 +157,23 @@ def run_name(stem: str, seed: int, config: dict, default: dict | None, stem_keys
 def hydra_default() -> dict | None:
     """Inside a Hydra app: the config of the running study at the run's scale and method, with no other override
     (what name_suffix compares with); None outside one (a library caller names its runs itself)."""
-    from hydra import compose
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     try:
         hydra = HydraConfig.get()
     except ValueError:
         return None
     choices = hydra.runtime.choices
-    overrides = [f"{group}={choices[group]}" for group in ("scale", "method") if choices.get(group)]
-    return OmegaConf.to_container(compose(config_name=hydra.job.config_name, overrides=overrides), resolve=True)
+    overrides = tuple(f"{group}={choices[group]}" for group in ("scale", "method") if choices.get(group))
+    sources = tuple(str(source.path) for source in hydra.runtime.config_sources)
+    return copy.deepcopy(_composed(sources, hydra.job.config_name, overrides))
+
+
+@functools.lru_cache(maxsize=16)
+def _composed(sources: tuple[str, ...], config_name: str, overrides: tuple[str, ...]) -> dict:
+    """A config composed once per process and config search path (a run names itself and its base run from the
+    same default; a sweep's runs share it)."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose(config_name=config_name, overrides=list(overrides)), resolve=True)
