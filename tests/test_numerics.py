@@ -105,3 +105,12 @@ def test_fresh_tables_are_compared_cell_by_cell(tmp_path, fresh, head):
     if fresh == "1.50":
         assert any("1.00" in line and "1.50" in line for line in lines[3:])
     assert len(lines) == 3 + (fresh != "1.00") + (fresh == "")  # the change, and the loss marked as one
+
+
+@pytest.mark.parametrize("script", ["examples.trl_vs_loop", "examples.trl_math"])
+def test_the_example_scripts_pin_the_level_before_torch(script):
+    """`python -m examples.<script>` in a clean environment: the package puts the level in force before the script
+    imports torch (the scripts import torch before the suite)."""
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_VARS}
+    done = subprocess.run([sys.executable, "-m", script, "--help"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
