@@ -34,9 +34,12 @@ from paper_figures.render import NOT_RUN
 from paper_figures.runs import CORRUPT_FINAL, UNFINISHED
 
 # Header names of the columns that say which row a row is (the rest hold its values), across every table.
-KEY_COLUMNS = ("dataset", "study", "normalization", "n0", "estimator", "m", "method", "seed", "k", "value")
+KEY_COLUMNS = ("dataset", "study", "normalization", "n0", "estimator", "m", "method", "seed", "k", "value", "claim",
+               "endpoint")  # fmt: skip
 SOURCE = "source"  # where a row's numbers come from: "reproduced (...)", "not run", "paper (...)", "baseline"
-DESCRIBING = (SOURCE, "steps")  # columns that describe a row's runs without measuring anything (diffed, never lost)
+# Columns that describe a row's runs or read its numbers without measuring anything (diffed, never lost): a verdict
+# that goes from "in progress (7 of 12 seeds)" to "supported" is news, not a lost measurement
+DESCRIBING = (SOURCE, "steps", "decision", "verdict", "reading", "vs the paper")
 SEEDS = "seeds"
 PAPER = "paper"  # a label or header starting with it marks the paper's numbers, not a measurement
 STATUS_TAGS = (UNFINISHED, CORRUPT_FINAL)

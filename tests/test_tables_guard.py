@@ -259,3 +259,17 @@ def test_markdown_cells_rows_and_text_lines():
         't.md, row "DS": seeds: 2 here, 3 in results/'
     ]
     assert not guard.measured("| method | source | Pass@1 |\n|---|---|---|\n| SERA | paper | 12.37 |\n")
+
+
+def test_a_decision_reached_is_news_and_a_number_gone_is_a_loss():
+    """A pre-registered claim that goes from "in progress" to a decision with all its seeds is published without
+    FORCE; the same row without its interval is still a loss."""
+    header = "| claim | endpoint | seeds | difference (pp) [seed 95% t] | decision | paper (pp) | vs the paper |\n"
+    header += "|---|---|---|---|---|---|---|\n"
+    waiting = "in progress (7 of 12 seeds): no decision"
+    before = header + f"| C1 | primary | 7 of 12 (0-11) | +4.61 [+1.44, +7.78] | {waiting} | +3.70 |  |\n"
+    after = header + "| C1 | primary | 12 of 12 (0-11) | +4.43 [+2.47, +6.39] | supported | +3.70 | consistent |\n"
+    decided = guard.compare({"p.md": before}, {"p.md": after})
+    assert decided.losses == [] and any("decision: in progress" in c and "-> supported" in c for c in decided.changes)
+    gone = after.replace("+4.43 [+2.47, +6.39]", "not run")
+    assert guard.compare({"p.md": after}, {"p.md": gone}).losses
