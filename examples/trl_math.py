@@ -67,12 +67,10 @@ def arguments(argv=None) -> argparse.Namespace:
 
 def load(a) -> tuple:
     """(model or hub id or path, tokenizer or None, training problems, held-out problems)."""
-    heldout = []
     if a.train in FAMILIES:
-        problems, pool = make_splits(a.train, a.num_train, a.eval_problems if a.eval is None else 0, a.seed)
-        heldout = pool
+        problems, heldout = make_splits(a.train, a.num_train, a.eval_problems if a.eval is None else 0, a.seed)
     else:
-        problems = load_dataset_spec(a.train)  # FileNotFoundError naming the file and the hub dataset when missing
+        problems, heldout = load_dataset_spec(a.train), []  # FileNotFoundError naming file and hub dataset if missing
     if a.eval is not None:
         heldout = load_dataset_spec(a.eval)[: a.eval_problems]
     elif a.eval_problems and a.train not in FAMILIES:

@@ -175,13 +175,14 @@ def main(argv=None) -> None:
     loop_s = time.perf_counter() - started
     rows = {f"suite loop, seed {a.seed}": per_question(loop_record(cfg, final), ks)}
     base = base_dir(cfg)
-    costs = {}
+    costs, trl_names = {}, {}  # trl_names: (estimator, seed) -> the run's row name
     for estimator in a.estimators.split(","):
         for seed in [int(s) for s in a.trl_seeds.split(",")]:
             cfg.seed = seed  # the TRL run's own seed (prompt order, sampling); its base model is the loop's
             folder = f"seed-{seed}" if estimator == "pilot" else f"{estimator}_seed-{seed}"
             result = trl_run(cfg, base, root / "trl" / folder, estimator)
             name = f"SERAGRPOTrainer, seed {seed}" + ("" if estimator == "pilot" else f", p_hat {estimator}")
+            trl_names[estimator, seed] = name
             rows[name] = per_question(next(iter(result["records"].values())), ks)
             costs[name] = (result["train_s"] / result["steps"], result["generation_calls"] / result["steps"])
     summary = json.loads((base / "DONE").read_text())
@@ -192,11 +193,15 @@ def main(argv=None) -> None:
     print("| base model | " + " | ".join(f"{100 * v:.2f}" for v in base_row) + " |")
     for name, scores in rows.items():
         print(f"| {name} | " + " | ".join(f"{100 * v:.2f}" for v in scores.mean(axis=0)) + " |")
-    names = list(rows)
-    pairs = [(trl, names[0]) for trl in names[1:]]  # each TRL run minus the loop, then TRL's seed-to-seed spread
-    pilot_runs = [n for n in names[1:] if "p_hat" not in n]
-    pairs += [(pilot_runs[1], pilot_runs[0])] if len(pilot_runs) > 1 else []
-    pairs += [(n, n.split(", p_hat")[0]) for n in names if "p_hat" in n and n.split(", p_hat")[0] in rows]
+    loop_name = next(iter(rows))
+    pairs = [(trl, loop_name) for trl in trl_names.values()]  # each TRL run minus the loop
+    pilot_runs = [name for (estimator, _), name in trl_names.items() if estimator == "pilot"]
+    pairs += [(pilot_runs[1], pilot_runs[0])] if len(pilot_runs) > 1 else []  # TRL's seed-to-seed spread
+    pairs += [
+        (name, trl_names["pilot", seed])
+        for (estimator, seed), name in trl_names.items()
+        if estimator != "pilot" and ("pilot", seed) in trl_names
+    ]  # another p_hat minus the pilots, seed by seed
     print("\nDifferences, pp [question-paired 95% bootstrap over the held-out problems]:")
     print("| difference | " + " | ".join(f"Pass@{k}" for k in ks) + " |")
     print("|---" * (len(ks) + 1) + "|")

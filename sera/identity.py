@@ -72,11 +72,8 @@ def comparable_config(config: dict) -> dict:
         method = {k: v for k, v in method.items() if k not in unread}
         # null means the default: the library's p_hat clip (sera.estimation), the registry's p_hat source, pilots and
         # correction (sera.methods), so `method.pilot_m=8` on SERA is the same run as SERA's default
-        estimator = method.get("estimator") or (
-            "history" if method.get("pilot_m") == 0 and entry.estimator == "pilot" else entry.estimator
-        )  # as MethodSettings.build reads a null estimator
-        defaults = {"p_lo": P_LO, "p_hi": P_HI, "estimator": estimator,
-                    "pilot_m": entry.pilot_m if estimator == "pilot" else 0,
+        estimator, pilot_m = entry.p_hat_source(method.get("estimator") or None, method.get("pilot_m"))
+        defaults = {"p_lo": P_LO, "p_hi": P_HI, "estimator": estimator, "pilot_m": pilot_m,
                     "multiplicity_correction": entry.multiplicity_correction}  # fmt: skip
         method = {k: defaults[k] if k in defaults and v is None else v for k, v in method.items()}
         config = {**config, "method": method}

@@ -36,6 +36,13 @@ class Method:
     def sampler(self) -> Sampler:
         return SAMPLERS[self.allocator]
 
+    def p_hat_source(self, estimator: str | None, pilot_m: int | None) -> tuple[str, int]:
+        """(estimator, pilot_m) with a null one filled in from this entry: SERA without pilots (pilot_m=0) is SERA
+        with the historical p_hat, and only the pilot source takes pilots."""
+        if estimator is None:
+            estimator = "history" if pilot_m == 0 and self.estimator == "pilot" else self.estimator
+        return estimator, pilot_m if pilot_m is not None else (self.pilot_m if estimator == "pilot" else 0)
+
 
 METHODS = {
     m.name: m
@@ -137,9 +144,7 @@ class MethodSettings:
         method = get_method(name)
         if method.advantage is None and not study.exact_likelihood:
             raise ValueError(f"{name} has no rollouts; the {study.name} study needs an RL method")
-        if estimator is None:  # SERA without pilots (pilot_m=0) is SERA with the historical p_hat
-            estimator = "history" if pilot_m == 0 and method.estimator == "pilot" else method.estimator
-        pilot_m = pilot_m if pilot_m is not None else (method.pilot_m if estimator == "pilot" else 0)
+        estimator, pilot_m = method.p_hat_source(estimator, pilot_m)
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")
         if estimator not in study.estimators:
