@@ -137,7 +137,7 @@ BASELINES ?= 1
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; docs/running.md)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; seeds 0-11: ~15 core-h)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS))
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MAZE_SEEDS)
@@ -158,7 +158,7 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # DARS-HW runs were made with this cap.
 MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 
-reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed; seeds 0-19: ~16 core-h)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
