@@ -157,6 +157,8 @@ MATH_SCALE = $(if $(filter paper,$(SCALE)),$(MATH_PAPER_$(MODEL)),math/$(SCALE))
 # times the budget (7.4x, 14 s a step, on cpu_earlier); 2 n0 keeps it at 2x (the paper: 1.49x). Every CPU scale's
 # DARS-HW runs were made with this cap.
 MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
+# a variable, not a literal: a comma inside $(if ...) would end its then-part (PKPO skipped, or run as a command)
+MATH_BASELINES := grpo,pkpo
 
 reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed; seeds 0-19: ~16 core-h)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
@@ -164,7 +166,7 @@ reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGA
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(MATH_SEEDS)
 else
-	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=grpo,pkpo seed=$(MATH_SEEDS))
+	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=$(MATH_BASELINES) seed=$(MATH_SEEDS))
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(MATH_SEEDS))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MATH_SEEDS)
 endif

@@ -1,0 +1,71 @@
+"""The grids `make` runs: the training commands each reproduce target prints under `make -n`, for the settings README
+documents. Nothing is trained; the commands are read from make's dry run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dry_run(target: str, *variables: str) -> list[str]:
+    """The recipe lines `make -n target` prints (the environment's stamp taken as made)."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), "-o", ".venv/.installed-stamp", target,
+         f"PY={sys.executable}", *variables],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def trained(lines: list[str], study: str) -> list[tuple[str, str]]:
+    """(method=..., seed=...) of every line that starts the study's training entry point."""
+    runs = []
+    for line in lines:
+        if f"experiments.{study}.train" in line:
+            method = re.search(r"\bmethod=(\S+)", line)
+            seed = re.search(r"\bseed=(\S+)", line)
+            runs.append((method.group(1) if method else "", seed.group(1) if seed else ""))
+    return runs
+
+
+def stray(lines: list[str]) -> list[str]:
+    """Lines that are neither a known command nor a comment: what a broken $(if ...) leaves behind."""
+    known = ("SERA_NUMERICS=", sys.executable, "@", "#", "test ", "echo")
+    return [line for line in lines if line.strip() and not line.lstrip().startswith(known)]
+
+
+@pytest.mark.parametrize(
+    ("baselines", "expected"),
+    [("1", [("grpo,pkpo", "5,6"), ("dars_hw", "5,6"), ("maxrl,sera", "5,6")]), ("", [("maxrl,sera", "5,6")])],
+)
+def test_reproduce_math_runs_the_baselines_it_names_and_nothing_else(baselines, expected):
+    lines = dry_run("reproduce-math", "MATH_SEEDS=5,6", f"BASELINES={baselines}")
+    assert trained(lines, "math") == expected
+    assert stray(lines) == []
+
+
+@pytest.mark.parametrize(
+    ("baselines", "expected"), [("1", [("grpo", "3,4"), ("maxrl,sera", "3,4")]), ("", [("maxrl,sera", "3,4")])]
+)
+def test_reproduce_maze_runs_the_baselines_it_names_and_nothing_else(baselines, expected):
+    lines = dry_run("reproduce-maze", "MAZE_SEEDS=3,4", f"BASELINES={baselines}")
+    assert trained(lines, "maze") == expected
+    assert stray(lines) == []
+
+
+def test_reproduce_sara_runs_every_arm_on_the_studies_named():
+    lines = dry_run("reproduce-sara", "SARA_STUDIES=imagenet,math", "SARA_SEEDS=0,1")
+    arms = "grpo,maxrl,ds,dps,sara,sara+dps,sara+sera,sara+maxrl"
+    assert trained(lines, "imagenet") == [(arms, "0,1"), ("dps", "0,1"), ("sara", "0,1")]
+    assert trained(lines, "math") == [(arms, "0,1")]
+    assert trained(lines, "maze") == []
+    assert stray(lines) == []
