@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def dry_run(target: str, *variables: str) -> list[str]:
     """The recipe lines `make -n target` prints (the environment's stamp taken as made)."""
+    command = ["make", "--no-print-directory", "-n", "-C", str(ROOT), "-o", ".venv/.installed-stamp", target]
     done = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-C", str(ROOT), "-o", ".venv/.installed-stamp", target,
-         f"PY={sys.executable}", *variables],  # fmt: skip
+        [*command, f"PY={sys.executable}", *variables],
         capture_output=True,
         text=True,
         check=False,
