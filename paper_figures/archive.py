@@ -8,12 +8,13 @@ save: every finished run under runs/<folder>/ (a directory with DONE, at any dep
 name) that the archive lacks is copied to <archive>/<folder>/, records only: its config, DONE, metrics (gzipped),
 numeric fingerprint (numerics.json) and per-question evaluation records (the classifier's: val_p.npy); never
 checkpoints, model weights or locks. An archived run is never written over: a run of the same name that is already
-archived with the same config is left alone, one with another config is refused
-(a changed default makes new runs: move the old archive aside first).
+archived with the same config is left alone (if it was trained again and its evaluation records differ, save says
+so), one with another config is refused (a changed default makes new runs: move the old archive aside first).
 
 restore: every archived run that runs/<folder>/ lacks is copied back, marked ARCHIVED. `run.if_finished=skip` then
 skips it and the tables read it like any other run. A base run restored this way has no weights: an RL run that needs
-them (a new row for an archived seed) is refused with a message saying to remove the folder and train it again.
+them (a new row for an archived seed) is refused with a message saying to remove the folder and train it again
+(with the study's entry point: `make reproduce-*` restores the archive first).
 """
 
 from __future__ import annotations
@@ -97,6 +98,28 @@ def save(runs: Path, archive: Path) -> list[Path]:
     return new
 
 
+def evaluation_records(run: Path) -> list[str]:
+    """The names of a run's evaluation records (per question; the classifier's val_p.npy), sorted."""
+    return sorted(f.name for f in run.iterdir() if EVAL_RECORD.fullmatch(f.name) or f.name == VAL_P_FILE)
+
+
+def retrained(runs: Path, archive: Path) -> list[Path]:
+    """Finished runs under `runs` (not restored ones) whose archived run of the same name and config holds other
+    evaluation records: the run was trained again (on another CPU or kernel level the same seed gives another model).
+    `save` keeps the archived records; the tables read the local ones until runs/ is cleared."""
+    out = []
+    for rel in finished_runs(runs):
+        local, stored = runs / rel, archive / rel
+        if (local / ARCHIVED_FILE).exists() or not (stored / DONE_FILE).exists():
+            continue
+        records = evaluation_records(local)
+        if records != evaluation_records(stored) or any(
+            (local / n).read_bytes() != (stored / n).read_bytes() for n in records
+        ):
+            out.append(rel)
+    return out
+
+
 def restore(archive: Path, runs: Path) -> list[Path]:
     """Copy back the archived runs that `runs` lacks, marked ARCHIVED; returns them. A run directory that exists is
     left as it is (a different config there is refused when that run is next started or skipped)."""
@@ -147,6 +170,11 @@ def main(argv=None) -> int:
             return 2
         where = f"into {archive}" if args.action == "save" else f"from {archive} into {runs}"
         print(f"{args.action}: {len(moved)} run(s) {where}" + "".join(f"\n  {rel}" for rel in moved))
+        if args.action == "save":
+            for rel in retrained(runs, archive):
+                print(f"note: {runs / rel} was trained again and its evaluation records differ from the archived "
+                      f"run's, which are kept: tables built from {runs} read the local records, a fresh clone's the "
+                      "archived ones; runs that started from it are archived with their own records")  # fmt: skip
     return 0
 
 

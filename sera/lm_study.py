@@ -92,7 +92,9 @@ def base_run(path: Path, config: dict, body: Callable[[RunDir], tuple[int, dict,
         if weights and (path / ARCHIVED_FILE).exists():
             raise FileNotFoundError(
                 f"{path} is a base run restored from results/runs with its records only, not its model weights, which "
-                f"an RL run that is not archived needs: remove {path} to train the base model again"
+                f"an RL run that is not archived needs: remove {path} to train the base model again, and start the "
+                "run with the study's entry point (python -m experiments.<study>.train ...), since make reproduce-* "
+                "restores the archive first"
             )
         return
     with RunDir(path, config) as run_dir:

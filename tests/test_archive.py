@@ -125,3 +125,29 @@ def test_restore_brings_the_folder_record_of_runs_that_recorded_no_fingerprint(t
     archive.restore(store, back)
     assert json.loads((back / "numerics.json").read_text())["level"] == "avx512"
     assert numerics.run_fingerprints(back) == [{"level": "avx512", "recorded": False}]
+
+
+def test_save_says_when_a_run_trained_again_gives_other_records_and_keeps_the_archived_ones(tmp_path, capsys):
+    """A base run retrained on another CPU has the archived run's name and config but another model: save keeps the
+    archive as it is and says so, since the tables read the local records until runs/ is cleared."""
+    runs, store = tmp_path / "runs", tmp_path / "archive"
+    config = {"experiment": "maze-base", "seed": 3}
+    make_run(runs / "maze-cpu" / "base_seed-3", config)
+    args = ["--runs", str(runs), "--archive", str(store), "--folder", "maze-cpu"]
+    assert archive.main(["save", *args]) == 0
+    assert "trained again" not in capsys.readouterr().out
+    assert archive.retrained(runs / "maze-cpu", store / "maze-cpu") == []
+    archived = (store / "maze-cpu" / "base_seed-3" / "eval_step3_heldout.json").read_bytes()
+    shutil.rmtree(runs / "maze-cpu" / "base_seed-3")
+    archive.restore(store / "maze-cpu", runs / "maze-cpu")
+    assert archive.retrained(runs / "maze-cpu", store / "maze-cpu") == []  # restored: the archive's own records
+    shutil.rmtree(runs / "maze-cpu" / "base_seed-3")
+    make_run(runs / "maze-cpu" / "base_seed-3", config)
+    (runs / "maze-cpu" / "base_seed-3" / "eval_step3_heldout.json").write_text(
+        json.dumps({"n": 4, "correct": [2, 2, 2]})
+    )
+    assert archive.main(["save", *args]) == 0
+    said = capsys.readouterr().out
+    assert "base_seed-3 was trained again and its evaluation records differ" in said
+    assert (store / "maze-cpu" / "base_seed-3" / "eval_step3_heldout.json").read_bytes() == archived
+    assert [str(p) for p in archive.retrained(runs / "maze-cpu", store / "maze-cpu")] == ["base_seed-3"]
