@@ -375,6 +375,7 @@ ABSTRACT_CLAIMS = [
     ("SARA+DPS is slightly above DS (Pass@1)", "sara+dps", "ds", "pass1", "above"),
     ("SARA+DPS uses 67% fewer rollouts than DS (generated)", "sara+dps", "ds", "generated", "fewer"),
 ]
+CLAIMED_SAVING = re.compile(r"uses (\d+)% fewer")  # a saving the abstract quantifies: the interval is read against it
 SUITE_ADDS = [  # what this suite adds, kept apart from the abstract's claims
     ("SARA+SERA against SARA (Pass@1)", "sara+sera", "sara", "pass1", "above"),
     ("SARA+SERA against SARA+MaxRL (Pass@1): SERA's advantage with SARA's allocation", "sara+sera", "sara+maxrl",
@@ -401,8 +402,9 @@ def seed_values(summary: dict, tested: str, against: str, quantity: str) -> list
     return out
 
 
-def reading(values: list[float], direction: str) -> str:
-    """What the seed-level 95% t-interval says of a claimed direction: decided for or against it, or not decided."""
+def reading(values: list[float], direction: str, claimed: float | None = None) -> str:
+    """What the seed-level 95% t-interval says of a claimed direction: decided for or against it, or not decided;
+    with a claimed size (a saving in %), also whether the interval lies below, above or around it."""
     if len(values) < 2:
         return "one seed: no interval" if values else "not run"
     ci = seed_t_interval(np.asarray(values))
@@ -410,10 +412,15 @@ def reading(values: list[float], direction: str) -> str:
         return "differ" if ci.low > 0 or ci.high < 0 else "no difference detected at this power"
     sign = {"below": -1, "above": 1, "fewer": 1}[direction]
     if (ci.low > 0 and sign > 0) or (ci.high < 0 and sign < 0):
-        return "as claimed"
-    if (ci.high < 0 and sign > 0) or (ci.low > 0 and sign < 0):
-        return "against the claim"
-    return "not decided at this power"
+        verdict = "as claimed"
+    elif (ci.high < 0 and sign > 0) or (ci.low > 0 and sign < 0):
+        verdict = "against the claim"
+    else:
+        verdict = "not decided at this power"
+    if claimed is None:
+        return verdict
+    size = "smaller than" if ci.high < claimed else "larger than" if ci.low > claimed else "consistent with"
+    return f"{verdict}; {size} the claimed {claimed:g}%"
 
 
 def claim_rows(summaries: dict[str, dict], spec: list[tuple]) -> list[str]:
@@ -428,7 +435,9 @@ def claim_rows(summaries: dict[str, dict], spec: list[tuple]) -> list[str]:
             else:
                 measured = f"{values[0]:+.2f} {unit}" if values else "n/a"
             each = ", ".join(f"{v:+.2f}" for v in values)
-            rows.append(f"| {study} | {claim} | {measured} | {len(values)} | {each} | {reading(values, direction)} |")
+            size = CLAIMED_SAVING.search(claim)
+            said = reading(values, direction, float(size.group(1)) if size else None)
+            rows.append(f"| {study} | {claim} | {measured} | {len(values)} | {each} | {said} |")
     return rows
 
 

@@ -91,7 +91,7 @@ def test_table_and_claims_from_runs(tmp_path):
     assert dps_rows["GRPO (uniform)"]["observed partial (%)"] == "50.00"  # (1 + 0 + 1 + 2) / 2 / 4 steps
     # the abstract's claims, seed by seed: SARA's saving is 1 - 950/1600 on seed 0 and 1 - 950/2400 on seed 1
     claim = "| imagenet | SARA uses 22% fewer rollouts than DS (generated) | +50.52 [-75.22, +176.26] % fewer | 2 |"
-    assert claim + " +40.62, +60.42 | not decided at this power |" in text
+    assert claim + " +40.62, +60.42 | not decided at this power; consistent with the claimed 22% |" in text
     assert "| imagenet | SARA matches DPS (Pass@1) | +0.00 pp | 1 | +0.00 | one seed: no interval |" in text
     assert "| imagenet | SARA+DPS is slightly above DS (Pass@1) | n/a | 0 |  | not run |" in text  # unfinished
     assert text.index("## What this suite adds") > text.index("SARA+DPS uses 67% fewer")
@@ -155,3 +155,13 @@ def test_pass1_curve_is_against_cumulative_rollouts_generated(tmp_path):
     x, y = sara.pass1_curve(run, "eval/pass@")
     assert x.tolist() == [30, 100] and y.tolist() == [0.01, 0.03]
     assert sara.at_rollouts((x, y), 65) == pytest.approx(0.02) and sara.at_rollouts((x, y), 101) is None
+
+
+def test_a_claimed_saving_is_read_against_its_size():
+    """A saving the abstract quantifies ("67% fewer") is read in direction and against the size: a saving of 61% on
+    every seed is fewer rollouts, as claimed, but smaller than claimed."""
+    assert sara.reading([60.8, 60.9, 61.0], "fewer", 67) == "as claimed; smaller than the claimed 67%"
+    assert sara.reading([40.0, 41.0, 39.0], "fewer", 22) == "as claimed; larger than the claimed 22%"
+    assert sara.reading([60.0, 75.0, 68.0], "fewer", 67) == "as claimed; consistent with the claimed 67%"
+    assert sara.reading([-5.0, 5.0, 1.0], "fewer", 22) == "not decided at this power; smaller than the claimed 22%"
+    assert sara.reading([60.8, 60.9, 61.0], "fewer") == "as claimed"
