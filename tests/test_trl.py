@@ -243,8 +243,9 @@ def test_launch_script_runs_on_the_cpu(tmp_path):
     """examples/trl_math.py, the script README launches on several GPUs, for one CPU step on generated chain sums."""
     from examples.trl_math import main
 
-    common = ["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2", "--n0",
-              "8", "--pilot-m", "4", "--max-completion-length", "16", "--cpu", "--output-dir", str(tmp_path)]  # fmt: skip
+    common = ["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2",
+              "--n0", "8", "--pilot-m", "4", "--max-completion-length", "16", "--cpu",
+              "--output-dir", str(tmp_path)]  # fmt: skip
     trainer = main([*common, "--steps", "1"])
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 2 * 8
     # held-out evaluation (4 problems x n0 = 32 rows: more than a generation batch), checkpoints, then a resume
