@@ -44,12 +44,14 @@ GZIPPED = METRICS_FILE + ".gz"
 PARTIAL = (".saving-", ".restoring")  # a copy under way: renamed to the run's name once whole
 
 
+def is_evaluation_record(name: str) -> bool:
+    """A run's per-question evaluation record (the classifier's: val_p.npy)."""
+    return name == VAL_P_FILE or EVAL_RECORD.fullmatch(name) is not None
+
+
 def kept(name: str) -> bool:
     """The files of a run the archive keeps: what the tables and figures read."""
-    return (
-        name in (CONFIG_FILE, DONE_FILE, METRICS_FILE, NUMERICS_FILE, VAL_P_FILE)
-        or EVAL_RECORD.fullmatch(name) is not None
-    )
+    return name in (CONFIG_FILE, DONE_FILE, METRICS_FILE, NUMERICS_FILE) or is_evaluation_record(name)
 
 
 def finished_runs(root: Path) -> list[Path]:
@@ -99,8 +101,8 @@ def save(runs: Path, archive: Path) -> list[Path]:
 
 
 def evaluation_records(run: Path) -> list[str]:
-    """The names of a run's evaluation records (per question; the classifier's val_p.npy), sorted."""
-    return sorted(f.name for f in run.iterdir() if EVAL_RECORD.fullmatch(f.name) or f.name == VAL_P_FILE)
+    """The names of a run's evaluation records, sorted."""
+    return sorted(f.name for f in run.iterdir() if is_evaluation_record(f.name))
 
 
 def retrained(runs: Path, archive: Path) -> list[Path]:
