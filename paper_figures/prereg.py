@@ -8,7 +8,8 @@ against MaxRL or the base model), read at a K and at evaluation steps fixed in a
 the primary endpoint (the final evaluation), the secondary one (the mean over the last evaluations) and, for the SERA
 claims, the sensitivity check on the seeds that ran after the pre-registration; each with the seed-level 95%
 t-interval, the three-way decision and how the interval stands to the paper's effect. A claim whose seeds are not all
-in says how many are and decides nothing.
+in says how many are and decides nothing. The seeds of R1 and R2 whose base model was trained again read both sides
+from runs/retrained/ (amendment 1), the others from the study's main folder.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from sera.runlog import eval_record_file
 from sera.stats import seed_t_interval
 
 BASE = "base"  # a claim against the base model of the same seed
+# Seeds whose base model the archive holds as records only run, with every run their rows pair, in a folder of their
+# own under this one (PREREGISTRATION.md, amendment 1): runs/retrained/<study>-<scale>.
+RETRAINED = "retrained"
 OUT = Path(__file__).parent / "out"
 HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "decision", "paper (pp)", "vs the paper"]
 
@@ -48,6 +52,7 @@ class Claim:
     seeds: tuple[int, ...]
     new_seeds: tuple[int, ...] = ()  # run after the pre-registration: the sensitivity check
     paper: float | None = None  # the paper's effect at its matching K, pp
+    retrained: tuple[int, ...] = ()  # seeds read from the RETRAINED folder (their base model trained again)
 
 
 MAZE = {"study": "maze", "eval_set": "heldout", "final": 800, "secondary": (600, 700, 800)}
@@ -62,17 +67,17 @@ CLAIMS = (
     Claim("C4 math seqnorm", **MATH, tested="sera", against="maxrl", aggregation="seqnorm", k=16,
           seeds=(0, 1, 2), paper=5.54),
     Claim("R1 maze GRPO minus base", **MAZE, tested="grpo", against=BASE, aggregation="token-mean", k=64,
-          seeds=(0, 1, 2)),
+          seeds=(0, 1, 2), retrained=(1, 2)),
     Claim("R2 math GRPO minus base", **MATH, tested="grpo", against=BASE, aggregation="token-mean", k=128,
-          seeds=(0, 1, 2), paper=-27.04),
+          seeds=(0, 1, 2), retrained=(1, 2), paper=-27.04),
     Claim("R2 math PKPO minus MaxRL, Pass@1", **MATH, tested="pkpo", against="maxrl", aggregation="token-mean", k=1,
-          seeds=(0, 1, 2), paper=-12.67),
+          seeds=(0, 1, 2), retrained=(1, 2), paper=-12.67),
     Claim("R2 math PKPO minus MaxRL, Pass@128", **MATH, tested="pkpo", against="maxrl", aggregation="token-mean",
-          k=128, seeds=(0, 1, 2), paper=16.48),
+          k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=16.48),
     Claim("R2 math DARS-HW minus MaxRL, Pass@1", **MATH, tested="dars_hw", against="maxrl", aggregation="token-mean",
-          k=1, seeds=(0, 1, 2), paper=1.65),
+          k=1, seeds=(0, 1, 2), retrained=(1, 2), paper=1.65),
     Claim("R2 math DARS-HW minus MaxRL, Pass@128", **MATH, tested="dars_hw", against="maxrl",
-          aggregation="token-mean", k=128, seeds=(0, 1, 2), paper=-11.13),
+          aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13),
 )  # fmt: skip
 
 
@@ -100,12 +105,15 @@ def runs_of(runs: list[Run], claim: Claim, method: str) -> dict[int, Run]:
     return {r.get("seed"): r for r in chosen if r.finished}
 
 
-def differences(runs: list[Run], claim: Claim, steps: tuple[int, ...]) -> dict[int, float]:
+def differences(runs: list[Run], claim: Claim, steps: tuple[int, ...], retrained: list[Run] = ()) -> dict[int, float]:
     """Per seed of the claim that both sides finished: tested minus against, each side's Pass@k averaged over
-    `steps` (the base model, evaluated once, at its own final step)."""
-    tested, against = runs_of(runs, claim, claim.tested), runs_of(runs, claim, claim.against)
+    `steps` (the base model, evaluated once, at its own final step). Both sides of a seed come from one folder:
+    `retrained` for the claim's retrained seeds, `runs` for the others."""
+    main = runs_of(runs, claim, claim.tested), runs_of(runs, claim, claim.against)
+    again = runs_of(retrained, claim, claim.tested), runs_of(retrained, claim, claim.against)
     out = {}
     for seed in claim.seeds:
+        tested, against = again if seed in claim.retrained else main
         if seed not in tested or seed not in against:
             continue
         a = [record_passk(tested[seed], claim.eval_set, s, claim.k) for s in steps]
@@ -133,8 +141,9 @@ def decide(diffs: list[float], planned: int, paper: float | None) -> tuple[str, 
     return cell, decision, versus
 
 
-def claim_rows(runs: list[Run], claim: Claim) -> list[list[str]]:
-    """The claim's primary row, its secondary row and (SERA claims with new seeds) its sensitivity row."""
+def claim_rows(runs: list[Run], claim: Claim, retrained: list[Run] = ()) -> list[list[str]]:
+    """The claim's primary row, its secondary row and (SERA claims with new seeds) its sensitivity row; `retrained`:
+    the runs of the RETRAINED folder."""
     paper = "" if claim.paper is None else f"{claim.paper:+.2f}"
     out = []
     steps = ", ".join(str(s) for s in claim.secondary)
@@ -145,7 +154,7 @@ def claim_rows(runs: list[Run], claim: Claim) -> list[list[str]]:
     if claim.new_seeds:
         endpoints.append(("sensitivity: primary, new seeds only", (claim.final,), claim.new_seeds))
     for endpoint, steps_read, seeds in endpoints:
-        diffs = differences(runs, claim, steps_read)
+        diffs = differences(runs, claim, steps_read, retrained)
         values = [diffs[s] for s in seeds if s in diffs]
         cell, decision, versus = decide(values, len(seeds), claim.paper)
         label = f"{min(seeds)}-{max(seeds)}" if len(seeds) > 1 else str(seeds[0])
@@ -154,8 +163,11 @@ def claim_rows(runs: list[Run], claim: Claim) -> list[list[str]]:
 
 
 def prereg_table(runs_root: Path, scale: str = "cpu") -> tuple[list[str], list[list[str]]]:
-    runs = load_runs(runs_root / f"maze-{scale}") + load_runs(runs_root / f"math-{scale}")
-    return HEADER, [row for claim in CLAIMS for row in claim_rows(runs, claim)]
+    def both(root: Path) -> list[Run]:
+        return load_runs(root / f"maze-{scale}") + load_runs(root / f"math-{scale}")
+
+    runs, retrained = both(runs_root), both(runs_root / RETRAINED)
+    return HEADER, [row for claim in CLAIMS for row in claim_rows(runs, claim, retrained)]
 
 
 def main(argv=None) -> None:

@@ -81,8 +81,32 @@ def test_a_base_model_side_reads_its_own_final_record(tmp_path):
     assert rows_for(tmp_path, claim)[0][3] == "-12.50"
 
 
+def test_retrained_seeds_pair_runs_of_the_retrained_folder_only(tmp_path, monkeypatch):
+    # amendment 1: seeds 1 and 2 of an R row compare the runs made from their retrained base model. The main folder's
+    # runs of those seeds (another base model) must not enter, nor the retrained folder's seed 0
+    claim = replace(prereg.CLAIMS[4], k=1)  # R1, GRPO minus the base model, seeds 0-2 with 1 and 2 retrained
+    assert claim.retrained == (1, 2)
+    main, again = tmp_path / "main", tmp_path / "main" / prereg.RETRAINED
+    for seed in (0, 1, 2):
+        maze_run(main, "grpo", seed, steps([8] * 4))  # main: -12.50 pp against its base on every seed
+        maze_run(main, "base", seed, {320: [16] * 4}, experiment="maze-base")
+    for seed in (0, 1, 2):
+        maze_run(again, "grpo", seed, steps([32] * 4))  # retrained: +25.00 pp against its own base
+        maze_run(again, "base", seed, {320: [16] * 4}, experiment="maze-base")
+    diffs = prereg.differences(load_runs(main / "maze-cpu"), claim, (800,), load_runs(again / "maze-cpu"))
+    assert diffs == pytest.approx({0: -12.5, 1: 25.0, 2: 25.0})
+    monkeypatch.setattr(prereg, "CLAIMS", (claim,))  # the table finds the retrained folder under the runs root
+    assert prereg.prereg_table(main)[1][0][3] == "+12.50 [-41.28, +66.28]"  # mean 12.5, se 12.5, t(2) 4.303
+    # a retrained seed with one side missing from its folder is not in, even when the main folder has both
+    (again / "maze-cpu" / "base_seed-2" / DONE_FILE).unlink()
+    diffs = prereg.differences(load_runs(main / "maze-cpu"), claim, (800,), load_runs(again / "maze-cpu"))
+    assert diffs == pytest.approx({0: -12.5, 1: 25.0})
+    # the SERA claims read the main folders only
+    assert all(not c.retrained for c in prereg.CLAIMS if c.tested == "sera")
+
+
 def test_the_committed_table_is_what_the_archive_gives(tmp_path):
-    for folder in ("maze-cpu", "math-cpu"):
+    for folder in ("maze-cpu", "math-cpu", prereg.RETRAINED):
         archive.restore(ROOT / "results" / "runs" / folder, tmp_path / folder)
     header, rows = prereg.prereg_table(tmp_path)
     lines = (ROOT / "results" / "cpu" / "preregistered.md").read_text().splitlines()
