@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +106,9 @@ def runs_of(runs: list[Run], claim: Claim, method: str) -> dict[int, Run]:
     return {r.get("seed"): r for r in chosen if r.finished}
 
 
-def differences(runs: list[Run], claim: Claim, steps: tuple[int, ...], retrained: list[Run] = ()) -> dict[int, float]:
+def differences(
+    runs: list[Run], claim: Claim, steps: tuple[int, ...], retrained: Sequence[Run] = ()
+) -> dict[int, float]:
     """Per seed of the claim that both sides finished: tested minus against, each side's Pass@k averaged over
     `steps` (the base model, evaluated once, at its own final step). Both sides of a seed come from one folder:
     `retrained` for the claim's retrained seeds, `runs` for the others."""
@@ -141,7 +144,7 @@ def decide(diffs: list[float], planned: int, paper: float | None) -> tuple[str, 
     return cell, decision, versus
 
 
-def claim_rows(runs: list[Run], claim: Claim, retrained: list[Run] = ()) -> list[list[str]]:
+def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> list[list[str]]:
     """The claim's primary row, its secondary row and (SERA claims with new seeds) its sensitivity row; `retrained`:
     the runs of the RETRAINED folder."""
     paper = "" if claim.paper is None else f"{claim.paper:+.2f}"
