@@ -34,7 +34,8 @@ BASE = "base"  # a claim against the base model of the same seed
 # own under this one (PREREGISTRATION.md, amendment 1): runs/retrained/<study>-<scale>.
 RETRAINED = "retrained"
 OUT = Path(__file__).parent / "out"
-HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "decision", "paper (pp)", "vs the paper"]
+HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "decision", "paper (pp)", "vs the paper",
+          "per seed (pp)"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Claim:
     new_seeds: tuple[int, ...] = ()  # run after the pre-registration: the sensitivity check
     paper: float | None = None  # the paper's effect at its matching K, pp
     retrained: tuple[int, ...] = ()  # seeds read from the RETRAINED folder (their base model trained again)
+    claimed: int = +1  # the sign the claim states: +1 above zero (SERA above MaxRL), -1 below (a loss)
 
 
 MAZE = {"study": "maze", "eval_set": "heldout", "final": 800, "secondary": (600, 700, 800)}
@@ -68,17 +70,17 @@ CLAIMS = (
     Claim("C4 math seqnorm", **MATH, tested="sera", against="maxrl", aggregation="seqnorm", k=16,
           seeds=(0, 1, 2), paper=5.54),
     Claim("R1 maze GRPO minus base", **MAZE, tested="grpo", against=BASE, aggregation="token-mean", k=64,
-          seeds=(0, 1, 2), retrained=(1, 2)),
+          seeds=(0, 1, 2), retrained=(1, 2), claimed=-1),
     Claim("R2 math GRPO minus base", **MATH, tested="grpo", against=BASE, aggregation="token-mean", k=128,
-          seeds=(0, 1, 2), retrained=(1, 2), paper=-27.04),
+          seeds=(0, 1, 2), retrained=(1, 2), paper=-27.04, claimed=-1),
     Claim("R2 math PKPO minus MaxRL, Pass@1", **MATH, tested="pkpo", against="maxrl", aggregation="token-mean", k=1,
-          seeds=(0, 1, 2), retrained=(1, 2), paper=-12.67),
+          seeds=(0, 1, 2), retrained=(1, 2), paper=-12.67, claimed=-1),
     Claim("R2 math PKPO minus MaxRL, Pass@128", **MATH, tested="pkpo", against="maxrl", aggregation="token-mean",
           k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=16.48),
     Claim("R2 math DARS-HW minus MaxRL, Pass@1", **MATH, tested="dars_hw", against="maxrl", aggregation="token-mean",
           k=1, seeds=(0, 1, 2), retrained=(1, 2), paper=1.65),
     Claim("R2 math DARS-HW minus MaxRL, Pass@128", **MATH, tested="dars_hw", against="maxrl",
-          aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13),
+          aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13, claimed=-1),
 )  # fmt: skip
 
 
@@ -126,8 +128,10 @@ def differences(
     return out
 
 
-def decide(diffs: list[float], planned: int, paper: float | None) -> tuple[str, str, str]:
-    """(interval cell, decision, against the paper) by the pre-registered rule."""
+def decide(diffs: list[float], planned: int, paper: float | None, claimed: int = +1) -> tuple[str, str, str]:
+    """(interval cell, decision, against the paper) by the pre-registered rule, read in the direction the claim states
+    (`claimed`: +1 above zero, -1 below; amendment 2): supported when the interval lies entirely on the claimed side of
+    zero, contradicted when entirely on the other; smaller or larger than the paper's effect in that direction."""
     if not diffs:
         return "not run", "no decision", ""
     ci = seed_t_interval(np.asarray(diffs))
@@ -136,17 +140,19 @@ def decide(diffs: list[float], planned: int, paper: float | None) -> tuple[str, 
         return cell, f"in progress ({len(diffs)} of {planned} seeds): no decision", ""
     if len(diffs) < 2:
         return cell, "one seed: no interval", ""
-    decision = "supported" if ci.low > 0 else "contradicted" if ci.high < 0 else "not decided at this power"
+    low, high = sorted((claimed * ci.low, claimed * ci.high))  # the interval in the claimed direction
+    decision = "supported" if low > 0 else "contradicted" if high < 0 else "not decided at this power"
     if paper is None:
         return cell, decision, ""
-    versus = "smaller than the paper's" if ci.high < paper else "larger than the paper's" if ci.low > paper else (
+    effect = claimed * paper
+    versus = "smaller than the paper's" if high < effect else "larger than the paper's" if low > effect else (
         "consistent with the paper's")  # fmt: skip
     return cell, decision, versus
 
 
 def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> list[list[str]]:
-    """The claim's primary row, its secondary row and (SERA claims with new seeds) its sensitivity row; `retrained`:
-    the runs of the RETRAINED folder."""
+    """The claim's primary row, its secondary row and (SERA claims with new seeds) its sensitivity row, each with its
+    seeds' differences; `retrained`: the runs of the RETRAINED folder."""
     paper = "" if claim.paper is None else f"{claim.paper:+.2f}"
     out = []
     steps = ", ".join(str(s) for s in claim.secondary)
@@ -159,9 +165,12 @@ def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> 
     for endpoint, steps_read, seeds in endpoints:
         diffs = differences(runs, claim, steps_read, retrained)
         values = [diffs[s] for s in seeds if s in diffs]
-        cell, decision, versus = decide(values, len(seeds), claim.paper)
+        cell, decision, versus = decide(values, len(seeds), claim.paper, claim.claimed)
         label = f"{min(seeds)}-{max(seeds)}" if len(seeds) > 1 else str(seeds[0])
-        out.append([claim.name, endpoint, f"{len(values)} of {len(seeds)} ({label})", cell, decision, paper, versus])
+        each = ", ".join(f"{seed}: {diffs[seed]:+.2f}" for seed in seeds if seed in diffs)
+        out.append(
+            [claim.name, endpoint, f"{len(values)} of {len(seeds)} ({label})", cell, decision, paper, versus, each]
+        )
     return out
 
 

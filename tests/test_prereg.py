@@ -52,6 +52,8 @@ def test_endpoints_read_the_registered_steps_and_pair_seeds(tmp_path):
     assert secondary[3] == "+8.33 [+8.33, +8.33]"  # the mean of 0, 0 and 25 over steps 600-800
     assert primary[6] == "larger than the paper's"  # +25 against the paper's +3.70
     assert sensitivity[2] == "2 of 2 (1-2)" and sensitivity[4] == "supported"
+    assert primary[7] == "0: +25.00, 1: +25.00, 2: +25.00" and sensitivity[7] == "1: +25.00, 2: +25.00"
+    assert secondary[7] == "0: +8.33, 1: +8.33, 2: +8.33"
 
 
 def test_no_decision_until_every_registered_seed_is_in(tmp_path):
@@ -72,6 +74,24 @@ def test_the_three_way_rule(tmp_path, sera, decision):
         maze_run(tmp_path, "sera", seed, steps(correct))
         maze_run(tmp_path, "maxrl", seed, steps([16] * 4))
     assert rows_for(tmp_path)[0][4] == decision
+
+
+@pytest.mark.parametrize(
+    "grpo, decision, versus",
+    [(8, "supported", "consistent with the paper's"), (12, "supported", "smaller than the paper's"),
+     (24, "contradicted", "smaller than the paper's"), (4, "supported", "larger than the paper's")],
+)  # fmt: skip
+def test_a_claimed_loss_is_supported_below_zero(tmp_path, grpo, decision, versus):
+    # amendment 2: a row that claims a loss (GRPO below the base model) is supported by an interval below zero, and
+    # its size is compared with the paper's in that direction. Pass@1 of a base solving 16/64 a maze: 25%
+    claim = replace(prereg.CLAIMS[4], k=1, paper=-12.5, retrained=())  # every seed in one folder
+    assert claim.claimed == -1
+    spread = {0: -1, 1: 0, 2: 1}  # GRPO's solved count per seed, around `grpo`
+    for seed in (0, 1, 2):
+        maze_run(tmp_path, "grpo", seed, steps([grpo + spread[seed]] * 4))
+        maze_run(tmp_path, "base", seed, {320: [16] * 4}, experiment="maze-base")
+    primary = rows_for(tmp_path, claim)[0]
+    assert (primary[4], primary[6]) == (decision, versus)
 
 
 def test_a_base_model_side_reads_its_own_final_record(tmp_path):
