@@ -128,6 +128,20 @@ def differences(
     return out
 
 
+def side_of_zero(low: float, high: float, claimed: int) -> int:
+    """Where an interval [low, high] lies for a claim of sign `claimed` (+1 above zero, -1 below): +1 entirely on the
+    claimed side of zero, -1 entirely on the other, 0 across zero."""
+    low, high = sorted((claimed * low, claimed * high))
+    return 1 if low > 0 else -1 if high < 0 else 0
+
+
+def size_against(low: float, high: float, claimed: int, effect: float) -> str:
+    """How an interval stands to a claimed effect, sizes compared in the claimed direction: 'smaller than', 'larger
+    than' or 'consistent with'."""
+    low, high = sorted((claimed * low, claimed * high))
+    return "smaller than" if high < claimed * effect else "larger than" if low > claimed * effect else "consistent with"
+
+
 def decide(diffs: list[float], planned: int, paper: float | None, claimed: int = +1) -> tuple[str, str, str]:
     """(interval cell, decision, against the paper) by the pre-registered rule, read in the direction the claim states
     (`claimed`: +1 above zero, -1 below; amendment 2): supported when the interval lies entirely on the claimed side of
@@ -140,14 +154,11 @@ def decide(diffs: list[float], planned: int, paper: float | None, claimed: int =
         return cell, f"in progress ({len(diffs)} of {planned} seeds): no decision", ""
     if len(diffs) < 2:
         return cell, "one seed: no interval", ""
-    low, high = sorted((claimed * ci.low, claimed * ci.high))  # the interval in the claimed direction
-    decision = "supported" if low > 0 else "contradicted" if high < 0 else "not decided at this power"
+    side = side_of_zero(ci.low, ci.high, claimed)
+    decision = {1: "supported", -1: "contradicted", 0: "not decided at this power"}[side]
     if paper is None:
         return cell, decision, ""
-    effect = claimed * paper
-    versus = "smaller than the paper's" if high < effect else "larger than the paper's" if low > effect else (
-        "consistent with the paper's")  # fmt: skip
-    return cell, decision, versus
+    return cell, decision, f"{size_against(ci.low, ci.high, claimed, paper)} the paper's"
 
 
 def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> list[list[str]]:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paper_figures.prereg import side_of_zero, size_against
 from paper_figures.render import pyplot, save_figure, write_table
 from paper_figures.runs import Run, group_runs, load_runs, mean_over, method_label, method_order, status_tags, tagged
 from sera.identity import ADDED_DEFAULTS
@@ -411,16 +412,11 @@ def reading(values: list[float], direction: str, claimed: float | None = None) -
     if direction == "equal":
         return "differ" if ci.low > 0 or ci.high < 0 else "no difference detected at this power"
     sign = {"below": -1, "above": 1, "fewer": 1}[direction]
-    if (ci.low > 0 and sign > 0) or (ci.high < 0 and sign < 0):
-        verdict = "as claimed"
-    elif (ci.high < 0 and sign > 0) or (ci.low > 0 and sign < 0):
-        verdict = "against the claim"
-    else:
-        verdict = "not decided at this power"
+    side = side_of_zero(ci.low, ci.high, sign)
+    verdict = {1: "as claimed", -1: "against the claim", 0: "not decided at this power"}[side]
     if claimed is None:
         return verdict
-    size = "smaller than" if ci.high < claimed else "larger than" if ci.low > claimed else "consistent with"
-    return f"{verdict}; {size} the claimed {claimed:g}%"
+    return f"{verdict}; {size_against(ci.low, ci.high, sign, claimed)} the claimed {claimed:g}%"
 
 
 def claim_rows(summaries: dict[str, dict], spec: list[tuple]) -> list[str]:
