@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast docs ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-sara tables figures clean
+.PHONY: help install test test-fast docs ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -173,6 +173,22 @@ endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
 	$(COMPARE) math-$(SCALE)
+
+# R1 and R2's seeds 1 and 2 (results/cpu/PREREGISTRATION.md, amendment 1): the archive holds those seeds' base models
+# as records only, so each seed's base model is trained again, with every run those rows pair at that seed, in a folder
+# of their own (runs/retrained, archived as results/runs/retrained/). The main grids' runs of those seeds never enter.
+RETRAINED_SEEDS ?= 1,2
+RETRAINED = $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained run.if_finished=$(IF_FINISHED) threads=1
+RETRAINED_MATH := grpo,pkpo,maxrl
+
+reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~2 h 45 min of runs)
+	$(ARCHIVE) restore --folder retrained
+	$(call LEVEL,retrained/maze-cpu) $(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(RETRAINED_SEEDS)
+	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(RETRAINED_SEEDS)
+	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=dars_hw method.aggregation=token-mean alloc.n_max=32 seed=$(RETRAINED_SEEDS)
+	$(ARCHIVE) save --folder retrained
+	$(ARCHIVE) restore
+	$(PY) -m paper_figures.prereg --runs runs
 
 # The sequential grid (docs/design.md section 4). maxrl and sara+maxrl separate SARA+SERA's advantage from its allocation.
 # DPS_FAIR: DPS on the classifier with its history kept between visits (the DPS authors' MATH decay 0.7, and a pool of

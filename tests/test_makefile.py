@@ -69,3 +69,15 @@ def test_reproduce_sara_runs_every_arm_on_the_studies_named():
     assert trained(lines, "math") == [(arms, "0,1")]
     assert trained(lines, "maze") == []
     assert stray(lines) == []
+
+
+def test_reproduce_retrained_runs_every_paired_row_in_the_retrained_folder_only():
+    # amendment 1 of the pre-registration: R1's and R2's seeds 1-2, with the base model and every run they pair
+    lines = dry_run("reproduce-retrained", "RETRAINED_SEEDS=1,2")
+    assert trained(lines, "maze") == [("grpo", "1,2")]
+    assert trained(lines, "math") == [("grpo,pkpo,maxrl", "1,2"), ("dars_hw", "1,2")]
+    training = [line for line in lines if ".train --multirun" in line]
+    assert all("run.root=runs/retrained " in line and "method.aggregation=token-mean" in line for line in training)
+    assert "alloc.n_max=32" in training[-1]
+    assert any(line.endswith("paper_figures.archive save --folder retrained") for line in lines)
+    assert stray(lines) == []
