@@ -87,6 +87,8 @@ bench-vllm: install install-vllm ## tokens/s of HFEngine (.venv) against VLLMEng
 	$(VLLM_ENV) $(VLLM_PY) -m bench.bench_vllm --hf-python $(PY) $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
 
 SEEDS ?= 0,1,2
+# A seed list as Hydra sweeps it: a-b in any *SEEDS variable is every seed from a to b (MATH_SEEDS=0-19, SEEDS=0-2,5).
+seeds = $(shell echo '$(1)' | tr ',' '\n' | awk -F- 'NF == 2 {for (i = $$1; i <= $$2; i++) print i; next} {print}' | paste -sd, -)
 # The numeric kernel level (sera/numerics.py): a grid runs at the level its committed runs recorded, so a rerun takes
 # the float path that made them and new seeds join at it; SERA_NUMERICS=... on the command line overrides it.
 LEVEL = SERA_NUMERICS=$${SERA_NUMERICS:-$$($(PY) -m paper_figures.numerics level $(1))}
@@ -96,8 +98,8 @@ COMPARE = $(PY) -m paper_figures.numerics compare
 IMAGENET = $(call LEVEL,imagenet-$(SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1
 
 reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=cpu|paper; SEEDS=0,1,2
-	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(SEEDS)
-	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,sera n0=16,128 seed=$(SEEDS)
+	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(call seeds,$(SEEDS))
+	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,sera n0=16,128 seed=$(call seeds,$(SEEDS))
 ifeq ($(SCALE),cpu)
 	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera n0=16,128 seed=0
 	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
@@ -112,13 +114,13 @@ ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= 
 	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
 	$(ARCHIVE) restore --folder $(STUDY)-$(SCALE)
 	$(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
-		scale=$(STUDY)/$(SCALE) method=$(METHOD) $(SETTING)=$(VALUES) seed=$(SEEDS)
+		scale=$(STUDY)/$(SCALE) method=$(METHOD) $(SETTING)=$(VALUES) seed=$(call seeds,$(SEEDS))
 	$(ARCHIVE) save --folder $(STUDY)-$(SCALE)
 	$(PY) -m paper_figures.ablate --study $(STUDY) --scale $(SCALE) --method $(METHOD) --setting $(SETTING) \
 		--values $(VALUES) $(if $(filter smoke,$(SCALE)),,--results results/$(SCALE)/$(STUDY)-$(SCALE)) $(if $(FORCE),--force)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16; m = 0 is the historical p_hat), SCALE=cpu|paper
-	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(SEEDS)
+	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(call seeds,$(SEEDS))
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
 # Finished runs are kept in git (results/runs/: records, no weights) so that seeds run in different sessions build one
@@ -131,7 +133,7 @@ ARCHIVE := $(PY) -m paper_figures.archive
 IF_FINISHED ?= skip
 # What a maze or math grid runs for each seed: MaxRL and SERA under AGGREGATIONS, and (BASELINES non-empty) GRPO, with
 # PKPO and DARS-HW on math. The pre-registered seeds (results/cpu/PREREGISTRATION.md) are run as, for example,
-# `make reproduce-maze MAZE_SEEDS=5,6,7,8,9,10,11 AGGREGATIONS=token-mean BASELINES=`, two such commands side by side.
+# `make reproduce-maze MAZE_SEEDS=5-11 AGGREGATIONS=token-mean BASELINES=`, two such commands side by side.
 AGGREGATIONS ?= token-mean,seqnorm
 BASELINES ?= 1
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
@@ -139,8 +141,8 @@ MAZE_SEEDS ?= 0
 
 reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; seeds 0-11: ~15 core-h)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
-	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(MAZE_SEEDS))
-	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MAZE_SEEDS)
+	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
+	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MAZE_SEEDS))
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
@@ -164,11 +166,11 @@ reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGA
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
-	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(MATH_SEEDS)
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(call seeds,$(MATH_SEEDS))
 else
-	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=$(MATH_BASELINES) seed=$(MATH_SEEDS))
-	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(MATH_SEEDS))
-	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(MATH_SEEDS)
+	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=$(MATH_BASELINES) seed=$(call seeds,$(MATH_SEEDS)))
+	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(call seeds,$(MATH_SEEDS)))
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MATH_SEEDS))
 endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
@@ -183,9 +185,9 @@ RETRAINED_MATH := grpo,pkpo,maxrl
 
 reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~2 h 45 min of runs)
 	$(ARCHIVE) restore --folder retrained
-	$(call LEVEL,retrained/maze-cpu) $(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(RETRAINED_SEEDS)
-	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(RETRAINED_SEEDS)
-	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=dars_hw method.aggregation=token-mean alloc.n_max=32 seed=$(RETRAINED_SEEDS)
+	$(call LEVEL,retrained/maze-cpu) $(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
+	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
+	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=dars_hw method.aggregation=token-mean alloc.n_max=32 seed=$(call seeds,$(RETRAINED_SEEDS))
 	$(ARCHIVE) save --folder retrained
 	$(ARCHIVE) restore
 	$(PY) -m paper_figures.prereg --runs runs
@@ -208,11 +210,11 @@ SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multir
 
 reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
 	$(foreach s,$(SARA_LIST),$(ARCHIVE) restore --folder $(s)-$(SCALE)_sara;)
-	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=$(SARA_METHODS) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=dps $(DPS_FAIR) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=sara $(SARA_FLAT) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,maze),$(call SARA,maze) method=$(SARA_METHODS) seed=$(SARA_SEEDS))
-	$(if $(call SARA_RUN,math),$(call SARA,math) method=$(SARA_METHODS) seed=$(SARA_SEEDS))
+	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
+	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=dps $(DPS_FAIR) seed=$(call seeds,$(SARA_SEEDS)))
+	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=sara $(SARA_FLAT) seed=$(call seeds,$(SARA_SEEDS)))
+	$(if $(call SARA_RUN,maze),$(call SARA,maze) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
+	$(if $(call SARA_RUN,math),$(call SARA,math) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
 	$(foreach s,$(SARA_LIST),$(ARCHIVE) save --folder $(s)-$(SCALE)_sara;)
 	$(PY) -m paper_figures.sara --scale $(SCALE)_sara --studies $(SARA_STUDIES)
 

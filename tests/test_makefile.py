@@ -81,3 +81,13 @@ def test_reproduce_retrained_runs_every_paired_row_in_the_retrained_folder_only(
     assert "alloc.n_max=32" in training[-1]
     assert any(line.endswith("paper_figures.archive save --folder retrained") for line in lines)
     assert stray(lines) == []
+
+
+@pytest.mark.parametrize(
+    ("seeds", "expected"), [("0-3", "0,1,2,3"), ("0-2,5,7-8", "0,1,2,5,7,8"), ("4", "4"), ("1,2", "1,2")]
+)
+def test_a_seed_range_is_swept_as_every_seed_in_it(seeds, expected):
+    # README and make help quote grids as MAZE_SEEDS=0-11; Hydra sweeps only an explicit list
+    assert trained(dry_run("reproduce-maze", f"MAZE_SEEDS={seeds}", "BASELINES="), "maze") == [("maxrl,sera", expected)]
+    grid = [line for line in dry_run("reproduce-imagenet", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line]
+    assert [seed for _, seed in trained(grid, "imagenet")] == [expected, expected]
