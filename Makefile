@@ -183,7 +183,7 @@ RETRAINED_SEEDS ?= 1,2
 RETRAINED = $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained run.if_finished=$(IF_FINISHED) threads=1
 RETRAINED_MATH := grpo,pkpo,maxrl
 
-reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~2 h 45 min of runs)
+reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~3 h of runs, one after another)
 	$(ARCHIVE) restore --folder retrained
 	$(call LEVEL,retrained/maze-cpu) $(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
 	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
