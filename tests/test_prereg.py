@@ -1,6 +1,7 @@
 """The pre-registered test as code (paper_figures.prereg): endpoints read at the registered steps and K, seeds paired,
 the three-way decision withheld until every registered seed is in, and the committed table rebuilt from the archive."""
 
+import csv
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -139,6 +140,13 @@ def test_the_committed_table_is_what_the_archive_gives(tmp_path):
     column = verdict[[i for i, line in enumerate(verdict) if "| seed |" in line][0]].split(" | ").index("dPass@32")
     table4 = {cells[0].strip("| "): (cells[1], cells[column]) for cells in by_seed}
     assert table4 == {"token-mean": ("mean of 12 (t 95%)", rows[0][3]), "seqnorm": ("mean of 6 (t 95%)", rows[3][3])}
+    # C4's primary endpoint is Table 5's seqnorm row at Pass@16 (paper_figures.math), over its complete 3 seeds
+    with open(ROOT / "results/cpu/math-cpu/table5.csv", newline="") as f:
+        seqnorm = next(r for r in csv.DictReader(f) if (r["normalization"], r["k"]) == ("seqnorm", "16"))
+    low, high = float(seqnorm["seed 95% low"]), float(seqnorm["seed 95% high"])
+    c4 = next(r for r in rows if r[0] == "C4 math seqnorm" and r[1].startswith("primary"))
+    table5 = f"{float(seqnorm['seed-level delta (pp)']):+.2f} [{low:+.2f}, {high:+.2f}]"
+    assert (seqnorm["seeds"], table5) == ("3", c4[3])
 
 
 def test_a_poorer_build_leaves_the_committed_table_alone(tmp_path):
