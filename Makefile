@@ -120,7 +120,7 @@ ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= 
 		--values $(VALUES) $(if $(filter smoke,$(SCALE)),,--results results/$(SCALE)/$(STUDY)-$(SCALE)) $(if $(FORCE),--force)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16; m = 0 is the historical p_hat), SCALE=cpu|paper
-	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(call seeds,$(SEEDS))
+	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
 # Finished runs are kept in git (results/runs/: records, no weights) so that seeds run in different sessions build one
@@ -180,14 +180,15 @@ endif
 # as records only, so each seed's base model is trained again, with every run those rows pair at that seed, in a folder
 # of their own (runs/retrained, archived as results/runs/retrained/). The main grids' runs of those seeds never enter.
 RETRAINED_SEEDS ?= 1,2
-RETRAINED = $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained run.if_finished=$(IF_FINISHED) threads=1
+RETRAINED = $(call LEVEL,retrained/$(1)-cpu) $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained \
+	run.if_finished=$(IF_FINISHED) threads=1
 RETRAINED_MATH := grpo,pkpo,maxrl
 
 reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~3 h of runs, one after another)
 	$(ARCHIVE) restore --folder retrained
-	$(call LEVEL,retrained/maze-cpu) $(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
-	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
-	$(call LEVEL,retrained/math-cpu) $(call RETRAINED,math) scale=math/cpu method=dars_hw method.aggregation=token-mean alloc.n_max=32 seed=$(call seeds,$(RETRAINED_SEEDS))
+	$(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
+	$(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
+	$(call RETRAINED,math) scale=math/cpu method=dars_hw method.aggregation=token-mean alloc.n_max=32 seed=$(call seeds,$(RETRAINED_SEEDS))
 	$(ARCHIVE) save --folder retrained
 	$(ARCHIVE) restore
 	$(PY) -m paper_figures.prereg --runs runs
