@@ -140,13 +140,15 @@ def test_the_committed_table_is_what_the_archive_gives(tmp_path):
     column = verdict[[i for i, line in enumerate(verdict) if "| seed |" in line][0]].split(" | ").index("dPass@32")
     table4 = {cells[0].strip("| "): (cells[1], cells[column]) for cells in by_seed}
     assert table4 == {"token-mean": ("mean of 12 (t 95%)", rows[0][3]), "seqnorm": ("mean of 6 (t 95%)", rows[3][3])}
-    # C4's primary endpoint is Table 5's seqnorm row at Pass@16 (paper_figures.math), over its complete 3 seeds
+    # C3's and C4's primary endpoints are Table 5's rows at Pass@16 (paper_figures.math), over their complete grids
     with open(ROOT / "results/cpu/math-cpu/table5.csv", newline="") as f:
-        seqnorm = next(r for r in csv.DictReader(f) if (r["normalization"], r["k"]) == ("seqnorm", "16"))
-    low, high = float(seqnorm["seed 95% low"]), float(seqnorm["seed 95% high"])
-    c4 = next(r for r in rows if r[0] == "C4 math seqnorm" and r[1].startswith("primary"))
-    table5 = f"{float(seqnorm['seed-level delta (pp)']):+.2f} [{low:+.2f}, {high:+.2f}]"
-    assert (seqnorm["seeds"], table5) == ("3", c4[3])
+        table5 = {r["normalization"]: r for r in csv.DictReader(f) if r["k"] == "16"}
+    for claim, seeds in (("C3 math token-mean", "20"), ("C4 math seqnorm", "3")):
+        row = table5[claim.split()[-1]]
+        low, high = float(row["seed 95% low"]), float(row["seed 95% high"])
+        primary = next(r for r in rows if r[0] == claim and r[1].startswith("primary"))
+        cell = f"{float(row['seed-level delta (pp)']):+.2f} [{low:+.2f}, {high:+.2f}]"
+        assert (row["seeds"], cell) == (seeds, primary[3]), claim
 
 
 def test_a_poorer_build_leaves_the_committed_table_alone(tmp_path):
