@@ -162,7 +162,7 @@ MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 # a variable, not a literal: a comma inside $(if ...) would end its then-part (PKPO skipped, or run as a command)
 MATH_BASELINES := grpo,pkpo
 
-reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed; the pre-registered grid, token-mean 0-19, seqnorm 0-2: ~16 core-h)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed; the pre-registered grid, token-mean 0-19, seqnorm 0-2: ~18 core-h)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
