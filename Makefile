@@ -139,7 +139,7 @@ BASELINES ?= 1
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5: ~15 core-h)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MAZE_SEEDS))
@@ -162,7 +162,7 @@ MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 # a variable, not a literal: a comma inside $(if ...) would end its then-part (PKPO skipped, or run as a command)
 MATH_BASELINES := grpo,pkpo
 
-reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed; the pre-registered grid, token-mean 0-19, seqnorm 0-2: ~18 core-h)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
