@@ -1,0 +1,117 @@
+"""The authors' allocation rule (sera.allocation.active_waterline) against outputs of their published code, and the
+max-min waterline's fast path against the allocations the suite's earlier greedy gave.
+
+tests/data/authors_sera/reference.json holds inputs and outputs of `allocate_rollouts_from_probabilities` from
+ChenZihao0121/SERA (commit and file recorded in the JSON), run outside this repository; tests/data/waterline_before.json
+holds inputs and the counts `sera.allocation.waterline` gave before its O(B log B) rewrite.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sera.allocation import active_waterline, active_weights, mixed_probability, scale_factor, waterline
+
+DATA = Path(__file__).parent / "data"
+REFERENCE = json.loads((DATA / "authors_sera" / "reference.json").read_text())
+CASES = [case for case in REFERENCE["allocation_cases"] if "error" not in case]
+BEFORE = json.loads((DATA / "waterline_before.json").read_text())["cases"]
+
+
+def test_the_reference_names_its_source_and_covers_both_modes_and_regimes():
+    assert REFERENCE["source"]["repository"] == "ChenZihao0121/SERA"
+    assert len(REFERENCE["source"]["commit"]) == 40
+    modes = {case["mode"] for case in CASES}
+    assert modes == {"dynamic_active_equalized", "bias_equalized"}
+    names = " ".join(case["name"] for case in CASES)
+    for regime in ("imagenet_cold", "saturated", "lm_mixture", "equal", "hand8", "fuzz_"):
+        assert regime in names
+    # the active set really leaves prompts out in the cold start, so the masks below are not all True
+    cold = [c for c in CASES if c["name"].startswith("imagenet_cold") and c["mode"] == "dynamic_active_equalized"]
+    assert any(not all(c["active"]) for c in cold)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['name']}-{c['mode']}-n0{c['n0']}")
+def test_counts_active_set_and_weights_equal_the_authors(case):
+    p = np.array(case["p"])
+    threshold = case["threshold"] if case["mode"] == "dynamic_active_equalized" else 0.0  # 0: every prompt active
+    counts = active_waterline(p, p.size * case["n0"], case["n_min"], case["n_max"], threshold)
+    np.testing.assert_array_equal(counts, case["rollouts"])
+    if case["active"] is not None:
+        np.testing.assert_array_equal(counts > 0, case["active"])
+    np.testing.assert_array_equal(active_weights(counts, case["n0"]), case["weights"])
+    if case["activation_score"] is not None:  # the score the ranking reads, to the last bit
+        np.testing.assert_array_equal(mixed_probability(p, case["n_max"]), case["activation_score"])
+
+
+def test_cold_start_leaves_hopeless_prompts_out_and_raises_the_smallest_factor():
+    case = next(c for c in CASES if c["name"].startswith("imagenet_cold") and c["n0"] == 16
+                and c["mode"] == "dynamic_active_equalized")  # fmt: skip
+    p = np.array(case["p"])
+    counts = active_waterline(p, p.size * 16, 2, 64)
+    active = counts > 0
+    assert 0.3 < 1 - active.mean() < 0.8 and counts.sum() == p.size * 16
+    everyone = active_waterline(p, p.size * 16, 2, 64, threshold=0.0)
+    assert everyone.min() >= 2
+    assert scale_factor(p[active], counts[active]).min() > scale_factor(p[active], everyone[active]).min()
+
+
+@pytest.mark.parametrize(
+    "p_hat, budget, n_min, n_max, threshold, match",
+    [
+        ([0.5, 0.0], 8, 2, 8, 0.05, r"strictly inside.*0\."),
+        ([0.5, 1.0], 8, 2, 8, 0.05, r"strictly inside.*1\."),
+        ([0.5, np.nan], 8, 2, 8, 0.05, "NaN at positions \\[1\\]"),
+        ([0.5, 0.5], 3, 2, 8, 0.05, "infeasible.*budget=3"),
+        ([0.5, 0.5], 17, 2, 8, 0.05, "infeasible.*budget=17"),
+        ([0.5, 0.5], 8, 5, 4, 0.05, "n_min=5, n_max=4"),
+        ([0.5, 0.5], 8, 0, 4, 0.05, "n_min=0"),
+        ([0.5, 0.5], 8, 2, 8, 1.5, "threshold.*1.5"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_value(p_hat, budget, n_min, n_max, threshold, match):
+    with pytest.raises(ValueError, match=match):
+        active_waterline(np.array(p_hat), budget, n_min, n_max, threshold)
+
+
+def test_weights_are_n0_over_n_and_zero_when_left_out():
+    np.testing.assert_array_equal(active_weights(np.array([0, 2, 16, 64]), 16), [0.0, 8.0, 1.0, 0.25])
+
+
+@pytest.mark.parametrize("case", BEFORE, ids=lambda c: c["name"])
+def test_the_fast_waterline_gives_the_allocations_it_gave_before(case):
+    """Unclipped mixtures (the fast path alone) and the pilots' discrete p (ties, settled as before)."""
+    counts = waterline(np.array(case["p"]), case["budget"], case["n_min"], case["n_max"], case["delta"])
+    np.testing.assert_array_equal(counts, case["counts"])
+
+
+def one_at_a_time(p, budget, n_min, n_max, delta):
+    """The greedy the waterline computes, by its definition: a heap of (value, index), one rollout at a time."""
+    a = -np.log1p(-p)
+    n = np.full(p.size, n_min)
+    heap = [(a[i] * (n_min - delta), i) for i in range(p.size)]
+    heapq.heapify(heap)
+    for _ in range(budget - p.size * n_min):
+        _, i = heapq.heappop(heap)
+        n[i] += 1
+        if n[i] < n_max:
+            heapq.heappush(heap, (a[i] * (n[i] - delta), i))
+    return n
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_fast_waterline_is_the_one_at_a_time_greedy(seed):
+    rng = np.random.default_rng(seed)
+    num, n0 = int(rng.integers(1, 300)), int(rng.choice([2, 4, 16, 128]))
+    kind = seed % 3
+    p = [rng.uniform(0.001, 0.999, num), 10 ** rng.uniform(-8, -1e-3, num), 1 - 10 ** rng.uniform(-8, -0.01, num)][kind]
+    delta, n_min, n_max = seed % 2, 2, int(rng.choice([1, 4, 8])) * n0
+    budget = int(rng.integers(num * n_min, num * n_max + 1)) if seed % 4 == 0 else num * n0
+    np.testing.assert_array_equal(
+        waterline(p, budget, n_min, n_max, delta), one_at_a_time(p, budget, n_min, n_max, delta)
+    )
