@@ -70,3 +70,86 @@ class HistoricalEstimator:
     def load_state_dict(self, state: dict) -> None:
         self.last_rate = np.asarray(state["last_rate"], dtype=np.float64).copy()
         self.total_successes, self.total_rollouts = state["total"]
+
+
+class BetaHistory:
+    """The authors' historical estimate (ChenZihao0121/SERA, HistoricalSuccessEstimator; the paper's Appendix C.1):
+    each prompt's posterior mean under a Beta(prior_alpha, prior_beta) prior, over the outcomes of its past epochs.
+
+    At each epoch boundary (`start_epoch`) a prompt's evidence is discounted and the epoch just ended is added once,
+    successes <- discount * successes + K and failures <- discount * failures + (N - K), and the posterior mean
+    (prior_alpha + successes) / (prior_alpha + prior_beta + successes + failures) is frozen for the whole epoch that
+    starts: outcomes recorded during an epoch (`update`) wait for the next boundary, so no step sees its own epoch.
+    A prompt never trained on has no estimate (NaN), and the rule that reads it allocates a batch holding such a
+    prompt uniformly (`needs_uniform`), so the whole first epoch is plain MaxRL. Prompts absent from an epoch keep
+    their evidence, discounted. Prompts are integer ids in [0, num_prompts); the state is arrays, saved with
+    `state_dict` for resume. Checked against the authors' code in tests/test_authors_rule.py. docs/design.md 3b.
+    """
+
+    def __init__(self, num_prompts: int, prior_alpha: float = 0.5, prior_beta: float = 0.5, discount: float = 0.75):
+        if not (prior_alpha > 0 and prior_beta > 0 and np.isfinite(prior_alpha) and np.isfinite(prior_beta)):
+            raise ValueError(f"the Beta prior needs positive finite parameters, got {prior_alpha}, {prior_beta}")
+        if not 0.0 <= discount <= 1.0:
+            raise ValueError(f"discount must lie in [0, 1], got {discount}")
+        if num_prompts < 1:
+            raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+        self.prior_alpha, self.prior_beta, self.discount = float(prior_alpha), float(prior_beta), float(discount)
+        self.epoch = -1  # the epoch under way; -1 before the first start_epoch
+        self.successes = np.zeros(num_prompts)  # discounted evidence of the epochs before the current one
+        self.failures = np.zeros(num_prompts)
+        self.pending_successes = np.zeros(num_prompts, dtype=np.int64)  # the current epoch's outcomes
+        self.pending_failures = np.zeros(num_prompts, dtype=np.int64)
+        self.frozen = np.full(num_prompts, np.nan)  # the posterior means this epoch reads; NaN = no estimate
+        self.frozen_count = np.zeros(num_prompts)  # the effective number of outcomes behind each
+
+    def start_epoch(self) -> int:
+        """Fold the epoch just ended into the evidence and freeze the next epoch's estimates; returns its index."""
+        if self.epoch >= 0:
+            seen = ~np.isnan(self.frozen) | (self.pending_successes + self.pending_failures > 0)
+            self.successes = np.where(seen, self.discount * self.successes + self.pending_successes, 0.0)
+            self.failures = np.where(seen, self.discount * self.failures + self.pending_failures, 0.0)
+            count = self.successes + self.failures
+            mean = (self.prior_alpha + self.successes) / (self.prior_alpha + self.prior_beta + count)
+            self.frozen = np.where(seen, mean, np.nan)
+            self.frozen_count = np.where(seen, count, 0.0)
+            self.pending_successes[:] = 0
+            self.pending_failures[:] = 0
+        self.epoch += 1
+        return self.epoch
+
+    def estimate(self, ids) -> np.ndarray:
+        """The frozen posterior means (B,) for prompt ids (B,); NaN for a prompt with no estimate yet."""
+        return self.frozen[np.asarray(ids)].copy()
+
+    @staticmethod
+    def needs_uniform(p_hat) -> bool:
+        """The authors' cold-start rule: a batch with any prompt lacking an estimate is allocated uniformly."""
+        return bool(np.isnan(np.asarray(p_hat, dtype=np.float64)).any())
+
+    def update(self, ids, successes, counts) -> None:
+        """Record outcomes for the next boundary: successes (B,) out of counts (B,) rollouts of prompt ids (B,)."""
+        if self.epoch < 0:
+            raise RuntimeError("BetaHistory.start_epoch must be called before the first update")
+        ids, successes, counts = np.asarray(ids), np.asarray(successes), np.asarray(counts)
+        if np.any(successes < 0) or np.any(successes > counts):
+            raise ValueError("successes must lie in [0, counts]")
+        np.add.at(self.pending_successes, ids, successes.astype(np.int64))
+        np.add.at(self.pending_failures, ids, (counts - successes).astype(np.int64))
+
+    def state_dict(self) -> dict:
+        keys = ("successes", "failures", "pending_successes", "pending_failures", "frozen", "frozen_count")
+        return {"epoch": self.epoch, "prior": (self.prior_alpha, self.prior_beta, self.discount),
+                **{key: getattr(self, key).copy() for key in keys}}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if tuple(state["prior"]) != (self.prior_alpha, self.prior_beta, self.discount):
+            raise ValueError(f"the checkpoint's Beta history has prior and discount {tuple(state['prior'])}, "
+                             f"this run {(self.prior_alpha, self.prior_beta, self.discount)}")  # fmt: skip
+        if np.asarray(state["frozen"]).shape != self.frozen.shape:
+            raise ValueError(f"the checkpoint's Beta history covers {np.asarray(state['frozen']).size} prompts, "
+                             f"this run {self.frozen.size}")  # fmt: skip
+        self.epoch = int(state["epoch"])
+        for key in ("successes", "failures", "frozen", "frozen_count"):
+            setattr(self, key, np.asarray(state[key], dtype=np.float64).copy())
+        for key in ("pending_successes", "pending_failures"):
+            setattr(self, key, np.asarray(state[key], dtype=np.int64).copy())

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from sera.allocation import active_waterline, active_weights, mixed_probability, scale_factor, waterline
+from sera.estimation import BetaHistory
 
 DATA = Path(__file__).parent / "data"
 REFERENCE = json.loads((DATA / "authors_sera" / "reference.json").read_text())
@@ -115,3 +116,51 @@ def test_the_fast_waterline_is_the_one_at_a_time_greedy(seed):
     np.testing.assert_array_equal(
         waterline(p, budget, n_min, n_max, delta), one_at_a_time(p, budget, n_min, n_max, delta)
     )
+
+
+def replay_estimator(case, epochs=None, history=None, final=True):
+    """Drive BetaHistory through the reference's epochs (all, or the indices given): start_epoch, lookup, then each
+    step's outcomes; with final, the last boundary and its lookup."""
+    keys = [int(k) for k in case["keys"]]
+    history = history or BetaHistory(len(keys), case["prior_alpha"], case["prior_beta"], case["discount"])
+    lookups = []
+    for epoch in range(len(case["epochs"])) if epochs is None else epochs:
+        assert history.start_epoch() == epoch
+        lookups.append((history.estimate(keys), history.frozen_count[keys]))
+        for step in case["epochs"][epoch]["steps"]:
+            outcomes = np.array(step["outcomes"])
+            history.update(np.array([int(k) for k in step["keys"]]), outcomes, np.ones_like(outcomes))
+    if final:
+        history.start_epoch()
+        lookups.append((history.estimate(keys), history.frozen_count[keys]))
+    return history, lookups
+
+
+def test_the_beta_history_equals_the_authors_estimator_epoch_by_epoch():
+    case = REFERENCE["estimator_case"]
+    history, lookups = replay_estimator(case)
+    expected = [(e["lookup_estimates"], e["lookup_effective_counts"]) for e in case["epochs"]]
+    expected.append((case["final_lookup_estimates"], case["final_lookup_effective_counts"]))
+    assert len(lookups) == len(expected) == 5
+    for (got_p, got_count), (want_p, want_count) in zip(lookups, expected, strict=True):
+        np.testing.assert_allclose(got_p, np.array(want_p, dtype=float), rtol=0, atol=1e-12)  # NaN where unseen
+        np.testing.assert_allclose(got_count, want_count, rtol=0, atol=1e-12)
+    assert np.isnan(lookups[0][0]).all() and BetaHistory.needs_uniform(lookups[1][0])  # keys 15-19 unseen in epoch 0
+    state = case["final_state"]
+    for key, value in state["decayed_successes"].items():
+        assert history.successes[int(key)] == pytest.approx(value, abs=1e-12)
+    for key, value in state["decayed_failures"].items():
+        assert history.failures[int(key)] == pytest.approx(value, abs=1e-12)
+
+
+def test_the_beta_history_resumes_from_its_state_to_the_same_estimates():
+    case = REFERENCE["estimator_case"]
+    _, straight = replay_estimator(case)
+    first, _ = replay_estimator(case, epochs=[0, 1], final=False)
+    resumed = BetaHistory(len(case["keys"]), case["prior_alpha"], case["prior_beta"], case["discount"])
+    resumed.load_state_dict(first.state_dict())
+    _, tail = replay_estimator(case, epochs=[2, 3], history=resumed)
+    for (got, _), (want, _) in zip(tail, straight[2:], strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="prior and discount"):
+        BetaHistory(20, 0.5, 0.5, 0.5).load_state_dict(first.state_dict())
