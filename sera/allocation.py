@@ -344,6 +344,8 @@ def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: floa
         counts[active] = _equalized_counts(p[active], budget, n_min, n_max)
         return counts
 
+    if threshold == 0:  # every prompt qualifies, so the search below would end at all B: skip it
+        return allocate(p.size)
     best = None
     low, high = required, eligible
     while low <= high:
