@@ -92,10 +92,22 @@ seeds = $(shell echo '$(1)' | tr ',' '\n' | awk -F- 'NF == 2 {for (i = $$1; i <=
 # The numeric kernel level (sera/numerics.py): a grid runs at the level its committed runs recorded, so a rerun takes
 # the float path that made them and new seeds join at it; SERA_NUMERICS=... on the command line overrides it.
 LEVEL = SERA_NUMERICS=$${SERA_NUMERICS:-$$($(PY) -m paper_figures.numerics level $(1))}
+# How a grid's sweep runs: one run after another (JOBS=1), up to JOBS runs at once on this machine (Hydra's joblib
+# launcher; each run keeps threads=1), or one SLURM job a run (LAUNCHER=slurm: configs/hydra/launcher/slurm.yaml holds
+# the partition, time, CPUs, GPUs and memory; edit it or override hydra.launcher.*). Each make line waits for its
+# sweep, so base models, RL runs and the tables after them come in that order. A failed run is named on stderr
+# ("run failed: ...") once the sweep's other runs have finished; rerunning resumes it.
+JOBS ?= 1
+LAUNCHER ?= local
+LAUNCH = $(if $(filter slurm,$(LAUNCHER)),hydra/launcher=slurm,$(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)))
+# Launched in parallel, the language-model grids first train each seed's shared base model in a sweep of their own
+# (run.base_only), so two RL runs never train one base: $(call BASES,<study command>,<seeds>)
+BASES = $(if $(LAUNCH),$(1) method=maxrl run.base_only=true seed=$(2))
 COMPARE = $(PY) -m paper_figures.numerics compare
 # Results depend on the torch thread count (float summation order): one thread, so they do not depend on how busy
 # the machine is when threads=auto resolves.
-IMAGENET = $(call LEVEL,imagenet-$(SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1
+IMAGENET = $(call LEVEL,imagenet-$(SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1 \
+	$(LAUNCH)
 
 reproduce-imagenet: install ## Table 2 grid (classification as a policy), SCALE=cpu|paper; SEEDS=0,1,2
 	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(call seeds,$(SEEDS))
@@ -110,11 +122,13 @@ endif
 
 STUDY ?= imagenet
 METHOD ?= sera
+ABLATE = $(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
+	scale=$(STUDY)/$(SCALE) $(LAUNCH)
 ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= [METHOD=sera]; a table and a plot
 	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
 	$(ARCHIVE) restore --folder $(STUDY)-$(SCALE)
-	$(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
-		scale=$(STUDY)/$(SCALE) method=$(METHOD) $(SETTING)=$(VALUES) seed=$(call seeds,$(SEEDS))
+	$(if $(filter maze math,$(STUDY)),$(call BASES,$(ABLATE),$(call seeds,$(SEEDS))))
+	$(ABLATE) method=$(METHOD) $(SETTING)=$(VALUES) seed=$(call seeds,$(SEEDS))
 	$(ARCHIVE) save --folder $(STUDY)-$(SCALE)
 	$(PY) -m paper_figures.ablate --study $(STUDY) --scale $(SCALE) --method $(METHOD) --setting $(SETTING) \
 		--values $(VALUES) $(if $(filter smoke,$(SCALE)),,--results results/$(SCALE)/$(STUDY)-$(SCALE)) $(if $(FORCE),--force)
@@ -136,18 +150,21 @@ IF_FINISHED ?= skip
 # `make reproduce-maze MAZE_SEEDS=5-11 AGGREGATIONS=token-mean BASELINES=`, two such commands side by side.
 AGGREGATIONS ?= token-mean,seqnorm
 BASELINES ?= 1
-MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1
+MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
+	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
 reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
+	$(call BASES,$(MAZE) scale=maze/$(SCALE),$(call seeds,$(MAZE_SEEDS)))
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
 	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MAZE_SEEDS))
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
 
-MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1
+MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
+	$(LAUNCH)
 MATH_SEEDS ?= 0
 MODEL ?= smollm2-360m-instruct
 MATH_PAPER_smollm2-360m-instruct := math/paper
@@ -165,6 +182,7 @@ MATH_BASELINES := grpo,pkpo
 reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
+	$(call BASES,$(MATH) scale=$(MATH_SCALE),$(call seeds,$(MATH_SEEDS)))
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(call seeds,$(MATH_SEEDS))
 else
@@ -181,11 +199,13 @@ endif
 # of their own (runs/retrained, archived as results/runs/retrained/). The main grids' runs of those seeds never enter.
 RETRAINED_SEEDS ?= 1,2
 RETRAINED = $(call LEVEL,retrained/$(1)-cpu) $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained \
-	run.if_finished=$(IF_FINISHED) threads=1
+	run.if_finished=$(IF_FINISHED) threads=1 $(LAUNCH)
 RETRAINED_MATH := grpo,pkpo,maxrl
 
 reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~3 h of runs, one after another)
 	$(ARCHIVE) restore --folder retrained
+	$(call BASES,$(call RETRAINED,maze) scale=maze/cpu,$(call seeds,$(RETRAINED_SEEDS)))
+	$(call BASES,$(call RETRAINED,math) scale=math/cpu,$(call seeds,$(RETRAINED_SEEDS)))
 	$(call RETRAINED,maze) scale=maze/cpu method=grpo method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
 	$(call RETRAINED,math) scale=math/cpu method=$(RETRAINED_MATH) method.aggregation=token-mean seed=$(call seeds,$(RETRAINED_SEEDS))
 	$(call RETRAINED,math) scale=math/cpu method=dars_hw method.aggregation=token-mean alloc.n_max=32 seed=$(call seeds,$(RETRAINED_SEEDS))
@@ -207,13 +227,15 @@ SARA_LIST = $(subst $(comma), ,$(SARA_STUDIES))
 SARA_RUN = $(filter $(1),$(SARA_LIST))
 # A study's sequential grid, at the level its archived runs recorded (finished runs are kept in results/runs/ too)
 SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 \
-	scale=$(1)/$(SCALE)_sara
+	scale=$(1)/$(SCALE)_sara $(LAUNCH)
 
 reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
 	$(foreach s,$(SARA_LIST),$(ARCHIVE) restore --folder $(s)-$(SCALE)_sara;)
 	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
 	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=dps $(DPS_FAIR) seed=$(call seeds,$(SARA_SEEDS)))
 	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=sara $(SARA_FLAT) seed=$(call seeds,$(SARA_SEEDS)))
+	$(if $(call SARA_RUN,maze),$(call BASES,$(call SARA,maze),$(call seeds,$(SARA_SEEDS))))
+	$(if $(call SARA_RUN,math),$(call BASES,$(call SARA,math),$(call seeds,$(SARA_SEEDS))))
 	$(if $(call SARA_RUN,maze),$(call SARA,maze) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
 	$(if $(call SARA_RUN,math),$(call SARA,math) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
 	$(foreach s,$(SARA_LIST),$(ARCHIVE) save --folder $(s)-$(SCALE)_sara;)

@@ -6,7 +6,9 @@ traceback from deep inside a run, and never a half-created run directory.
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -23,6 +25,8 @@ def check_run_settings(cfg) -> None:
         raise ValueError(f"run.checkpoint_every must be a positive integer, got {cfg.run.checkpoint_every!r}")
     if cfg.run.if_finished not in ("error", "skip", "extend"):
         raise ValueError(f"run.if_finished must be error, skip or extend, got {cfg.run.if_finished!r}")
+    if not isinstance(cfg.run.get("base_only", False), bool):
+        raise ValueError(f"run.base_only must be true or false, got {cfg.run.base_only!r}")
     if not isinstance(cfg.run.max_skipped_steps, int) or cfg.run.max_skipped_steps < 1:
         raise ValueError(f"run.max_skipped_steps must be a positive integer, got {cfg.run.max_skipped_steps!r}")
     if not isinstance(cfg.eval.every, int) or cfg.eval.every < 1:
@@ -74,6 +78,25 @@ def check_group_choices(config_dir, argv: list[str], groups=("method", "scale"))
         for choice in value.split(","):
             if choice not in valid:
                 raise SystemExit(f"unknown {group}={choice}; choose from: {', '.join(valid)}")
+
+
+def name_failures(task):
+    """Wrap a Hydra task so that a run which raises is named on stderr ("run failed: <its overrides>") before its
+    error goes on: a parallel sweep (JOBS=N, LAUNCHER=slurm) lets its other runs finish and raises only the first
+    error, so this line is how each failed run is found. Rerunning the sweep resumes it."""
+
+    @functools.wraps(task)
+    def named(cfg):
+        try:
+            return task(cfg)
+        except Exception:
+            from hydra.core.hydra_config import HydraConfig
+
+            overrides = " ".join(HydraConfig.get().overrides.task) if HydraConfig.initialized() else "(no Hydra)"
+            print(f"run failed: {overrides}", file=sys.stderr, flush=True)
+            raise
+
+    return named
 
 
 VLLM_DTYPES = (None, "auto", "float32", "bfloat16", "float16")

@@ -19,7 +19,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sera import identity
-from sera.config import check_group_choices, check_optim, check_parallel, check_run_settings, vllm_options
+from sera.config import (
+    check_group_choices,
+    check_optim,
+    check_parallel,
+    check_run_settings,
+    name_failures,
+    vllm_options,
+)
 from sera.lm_loop import LoopSettings
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, VLLMEngine
@@ -108,6 +115,7 @@ def lm_main(config_name: str, run: Callable[[DictConfig], dict], report: Callabl
     then Hydra runs `run` on the composed config (or on each config of a --multirun sweep)."""
     check_group_choices(CONFIGS, sys.argv[1:])
 
+    @name_failures
     def main(cfg: DictConfig) -> None:
         final = run(cfg)
         if report is not None:

@@ -91,3 +91,36 @@ def test_a_seed_range_is_swept_as_every_seed_in_it(seeds, expected):
     assert trained(dry_run("reproduce-maze", f"MAZE_SEEDS={seeds}", "BASELINES="), "maze") == [("maxrl,sera", expected)]
     grid = [line for line in dry_run("reproduce-imagenet", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line]
     assert [seed for _, seed in trained(grid, "imagenet")] == [expected, expected]
+
+
+GRID_TARGETS = [
+    ("reproduce-imagenet", "imagenet", ()),
+    ("reproduce-maze", "maze", ()),
+    ("reproduce-math", "math", ()),
+    ("reproduce-retrained", "maze", ()),
+    ("reproduce-sara", "maze", ()),
+    ("ablate", "maze", ("STUDY=maze", "SETTING=method.pilot_m", "VALUES=4,8")),
+]
+
+
+@pytest.mark.parametrize(("target", "study", "extra"), GRID_TARGETS, ids=lambda x: x if isinstance(x, str) else "")
+def test_jobs_runs_every_sweep_through_the_joblib_launcher(target, study, extra):
+    serial = [line for line in dry_run(target, *extra) if f"experiments.{study}.train" in line]
+    parallel = [line for line in dry_run(target, "JOBS=3", *extra) if f"experiments.{study}.train" in line]
+    assert serial and not any("hydra/launcher" in line or "base_only" in line for line in serial)
+    assert all("hydra/launcher=joblib hydra.launcher.n_jobs=3" in line for line in parallel)
+    if study == "imagenet":  # no shared base model: the same sweeps, launched in parallel
+        assert len(parallel) == len(serial)
+    else:  # the seeds' base models come first, in a sweep of their own, then the same RL sweeps
+        bases = [line for line in parallel if "run.base_only=true" in line]
+        assert bases and parallel.index(bases[0]) == 0
+        assert trained([line for line in parallel if "base_only" not in line], study) == trained(serial, study)
+
+
+def test_launcher_slurm_submits_each_sweep_with_the_editable_config():
+    lines = [
+        line for line in dry_run("reproduce-math", "LAUNCHER=slurm", "MATH_SEEDS=0-1") if "experiments.math" in line
+    ]
+    assert lines and all("hydra/launcher=slurm" in line and "joblib" not in line for line in lines)
+    assert "run.base_only=true" in lines[0]
+    assert (ROOT / "configs" / "hydra" / "launcher" / "slurm.yaml").exists()

@@ -51,7 +51,7 @@ from experiments.imagenet.policy import (
 from sera import identity
 from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
-from sera.config import check_group_choices, check_optim, check_run_settings
+from sera.config import check_group_choices, check_optim, check_run_settings, name_failures
 from sera.distributed import all_gather
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
@@ -67,6 +67,8 @@ def validate(cfg) -> MethodSettings:
     """Fail with a clear message on a malformed or infeasible config, before any work. Returns the method settings."""
     settings = MethodSettings.from_config(cfg, STUDY)
     check_run_settings(cfg)
+    if cfg.run.base_only:
+        raise ValueError("run.base_only=true trains the LM studies' shared base model; the classifier has none")
     if cfg.run.if_finished == "extend":  # its schedule and epochs are set by the run's length
         raise ValueError("run.if_finished=extend is for the LM studies (maze, math); use error or skip here")
     if cfg.train.batch_size < 1 or cfg.train.warm_start_steps < 0:
@@ -385,6 +387,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @hydra.main(version_base=None, config_path="../../configs", config_name="imagenet")
+@name_failures
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

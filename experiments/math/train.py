@@ -180,9 +180,10 @@ def guess_metrics(train: list[dict], evals: dict[str, list[dict]], ks) -> dict:
     return metrics
 
 
-def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: str) -> None:
+def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: str, need_weights: bool = True) -> None:
     """The base (pre-RL) run, the tables' "Base" row, done once and shared: for a from-scratch model, SFT into `path`
-    then an evaluation; for a pretrained model, an evaluation of the untouched model. policy() gives the model."""
+    then an evaluation; for a pretrained model, an evaluation of the untouched model. policy() gives the model.
+    need_weights=False (run.base_only) accepts a base restored from the archive with its records only."""
     train, evals, sft = problems
 
     def evaluate_base(run_dir):
@@ -198,7 +199,7 @@ def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: s
             metrics.update(guess_metrics(train + sft, evals, loop.eval_ks))
         return step, metrics, {}
 
-    base_run(path, base_config(cfg), evaluate_base, weights=from_scratch(cfg))
+    base_run(path, base_config(cfg), evaluate_base, weights=need_weights and from_scratch(cfg))
 
 
 def run(cfg: DictConfig) -> dict:
@@ -208,12 +209,20 @@ def run(cfg: DictConfig) -> dict:
     device, root = resolve_device(cfg), study_root(cfg, cfg.model.name)
     base = base_path(root, cfg, base_config)
 
-    def prepare():
+    def shared_base(need_weights: bool = True):
         problems = load_problems(cfg)  # missing data or weights: a clear error before any work
         if not from_scratch(cfg):
             check_available(cfg.model.name, cfg.model.path)
         policy = functools.cache(lambda: load_policy(cfg, base, device))
-        ensure_base(cfg, loop, base, problems, policy, device)
+        ensure_base(cfg, loop, base, problems, policy, device, need_weights)
+        return problems, policy
+
+    if cfg.run.base_only:
+        shared_base(need_weights=False)
+        return {}
+
+    def prepare():
+        problems, policy = shared_base()
         model, tokenizer, engine, eos_id, pad_id = policy()
         torch.manual_seed(cfg.seed)
         task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)

@@ -48,8 +48,9 @@ def base_run_config(cfg) -> dict:
     return {**base_config(cfg), "experiment": "maze-base", "eval": OmegaConf.to_container(cfg.eval)}
 
 
-def ensure_base(cfg, loop: LoopSettings, root: Path, device: str) -> Path:
-    """The shared base model: trained (and evaluated) once, reused by every RL run of the same settings."""
+def ensure_base(cfg, loop: LoopSettings, root: Path, device: str, need_weights: bool = True) -> Path:
+    """The shared base model: trained (and evaluated) once, reused by every RL run of the same settings.
+    need_weights=False (run.base_only) accepts a base restored from the archive with its records only."""
     config = base_run_config(cfg)
     path = base_path(root, cfg, base_run_config)
 
@@ -64,7 +65,7 @@ def ensure_base(cfg, loop: LoopSettings, root: Path, device: str) -> Path:
         metrics.update({"train/sft_loss": loss, f"eval/{EVAL_SET}/best_fixed_answer_rate": rate})
         return cfg.sft.steps, metrics, {"best_fixed_answer": fixed}
 
-    base_run(path, config, train_and_evaluate)
+    base_run(path, config, train_and_evaluate, weights=need_weights)
     return path
 
 
@@ -73,6 +74,9 @@ def run(cfg: DictConfig) -> dict:
     settings, loop = validate(cfg)
     threads = set_torch_threads(cfg.threads)
     device, root = resolve_device(cfg), study_root(cfg)
+    if cfg.run.base_only:
+        ensure_base(cfg, loop, root, device, need_weights=False)
+        return {}
 
     def prepare():
         base = ensure_base(cfg, loop, root, device)
