@@ -26,7 +26,7 @@ def check_run_settings(cfg) -> None:
     if cfg.run.if_finished not in ("error", "skip", "extend"):
         raise ValueError(f"run.if_finished must be error, skip or extend, got {cfg.run.if_finished!r}")
     if not isinstance(cfg.run.get("base_only", False), bool):
-        raise ValueError(f"run.base_only must be true or false, got {cfg.run.base_only!r}")
+        raise ValueError(f"run.base_only must be true or false, got {cfg.run.get('base_only')!r}")
     if not isinstance(cfg.run.max_skipped_steps, int) or cfg.run.max_skipped_steps < 1:
         raise ValueError(f"run.max_skipped_steps must be a positive integer, got {cfg.run.max_skipped_steps!r}")
     if not isinstance(cfg.eval.every, int) or cfg.eval.every < 1:

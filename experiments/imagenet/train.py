@@ -67,7 +67,7 @@ def validate(cfg) -> MethodSettings:
     """Fail with a clear message on a malformed or infeasible config, before any work. Returns the method settings."""
     settings = MethodSettings.from_config(cfg, STUDY)
     check_run_settings(cfg)
-    if cfg.run.base_only:
+    if cfg.run.get("base_only", False):
         raise ValueError("run.base_only=true trains the LM studies' shared base model; the classifier has none")
     if cfg.run.if_finished == "extend":  # its schedule and epochs are set by the run's length
         raise ValueError("run.if_finished=extend is for the LM studies (maze, math); use error or skip here")

@@ -217,7 +217,7 @@ def run(cfg: DictConfig) -> dict:
         ensure_base(cfg, loop, base, problems, policy, device, need_weights)
         return problems, policy
 
-    if cfg.run.base_only:
+    if cfg.run.get("base_only", False):
         shared_base(need_weights=False)
         return {}
 

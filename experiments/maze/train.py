@@ -74,7 +74,7 @@ def run(cfg: DictConfig) -> dict:
     settings, loop = validate(cfg)
     threads = set_torch_threads(cfg.threads)
     device, root = resolve_device(cfg), study_root(cfg)
-    if cfg.run.base_only:
+    if cfg.run.get("base_only", False):
         ensure_base(cfg, loop, root, device, need_weights=False)
         return {}
 
