@@ -35,6 +35,7 @@ SAMPLERS = {
     "none": Sampler(),  # Direct CE: no rollouts
     "uniform": Sampler(),
     "waterline": Sampler(p_hat=True, unequal_counts=True),
+    "active": Sampler(p_hat=True, unequal_counts=True),  # the authors' rule: active set, some prompts get none
     "dars_hw": Sampler(unequal_counts=True),
     "ds": Sampler(stream=True, reads=DS_READS, cap=DS_CAP),
     "dps": Sampler(stream=True, predictor=True, reads=DPS_READS),

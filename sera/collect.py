@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from sera.advantages import ADVANTAGES, multiplicity_weights
-from sera.allocation import dars_hw_extra, uniform, waterline
-from sera.estimation import pilot_p_hat
+from sera.allocation import active_waterline, dars_hw_extra, uniform, waterline
+from sera.estimation import BetaHistory, pilot_p_hat
 from sera.methods import MethodSettings
 from sera.sequential import (
     DynamicsPredictor,
@@ -152,6 +152,24 @@ def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=
     counts, tau = waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.delta, return_tau=True)
     draws(counts - drawn)
     return draws.collected(np.arange(batch), p_hat, tau)
+
+
+def collect_active(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None, **_) -> Collected:
+    """SERA as its authors run it: p_hat_source() (the exact p), their active set and rounding (active_waterline).
+
+    Prompts outside the active set get no rollouts and are not among the groups trained on; the loss still averages
+    over the budget B * n0 (the active prompts' counts add up to it), so they stay in its denominator with weight 0.
+    A p_hat with NaN (the Beta history before a prompt has an epoch behind it) allocates the batch uniformly.
+    """
+    draws = _Draws(draw, batch)
+    p_hat = np.asarray(p_hat_source(), dtype=np.float64)
+    if BetaHistory.needs_uniform(p_hat):
+        draws(uniform(batch, s.n0))
+        return draws.collected(np.arange(batch))
+    counts = active_waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.threshold)
+    draws(counts)
+    active = np.flatnonzero(counts)
+    return draws.collected(active, p_hat[active], None, {"alloc/active": int(active.size)})
 
 
 def collect_dars_hw(s: MethodSettings, batch: int, draw: DrawFn, **_) -> Collected:
@@ -319,6 +337,7 @@ def collect_sara_sera(s: MethodSettings, batch: int, draw: DrawFn, stream, state
 COLLECTORS: dict[str, Callable[..., Collected]] = {
     "uniform": collect_uniform,
     "waterline": collect_waterline,
+    "active": collect_active,
     "dars_hw": collect_dars_hw,
     "ds": collect_ds,
     "dps": collect_dps,

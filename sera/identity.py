@@ -38,6 +38,8 @@ ADDED_DEFAULTS = {
     ("sft", "problems"): None,
     ("sft", "noise_p"): 0.0,
     ("sft", "noise_width"): 5,
+    ("alloc", "threshold"): None,
+    ("model", "zero_head"): False,
 }
 
 

@@ -51,6 +51,8 @@ METHODS = {
         Method("grpo", "GRPO", "grpo"),
         Method("maxrl", "MaxRL", "maxrl"),
         Method("sera", "SERA", "maxrl", "waterline", True, "pilot", pilot_m=8, baseline="maxrl"),
+        # SERA as its authors run it (docs/design.md section 2.7): the exact p on the classifier, their active set
+        Method("sera_authors", "SERA (authors' rule)", "maxrl", "active", True, "oracle", baseline="maxrl"),
         Method("pkpo", "PKPO (T=16)", "pkpo"),
         Method("dars_hw", "DARS-HW", "grpo", allocator="dars_hw"),
         # Sequential allocation and prompt selection (the SARA seed and its baselines; docs/design.md section 4)
@@ -94,13 +96,14 @@ class MethodSettings:
     pilot_m: int  # pilots per prompt, reused as the first m rollouts of the group
     p_lo: float  # p_hat clipping range
     p_hi: float
-    n_min: int  # allocation bounds: n_min <= n_i <= n_max
+    n_min: int  # allocation bounds: n_min <= n_i <= n_max (a prompt outside the authors' active set gets 0)
     n_max: int
     delta: int  # exponent offset of c(p, n) = 1 - (1 - p)^(n - delta): 1, or 0 with keep_cv_on_zero
     multiplicity_correction: bool  # SERA: every rollout of prompt i weighted by n0 / n_i
     aggregation: str  # token-mean | seqnorm | seq-mean-token-mean
     adv_kwargs: dict = field(default_factory=dict)  # the advantage function's options (MaxRL variant, PKPO's k)
     sequential: SequentialSettings = field(default_factory=SequentialSettings)  # DS, DPS, SARA
+    threshold: float | None = None  # the authors' rule: P(mixed group) a prompt needs to be active (0: all active)
 
     @property
     def sampler(self) -> Sampler:
@@ -130,6 +133,7 @@ class MethodSettings:
             aggregation=mc.aggregation, multiplicity_correction=mc.multiplicity_correction,
             keep_cv_on_zero=bool(mc.keep_cv_on_zero), pkpo_k=int(mc.pkpo_k), n_min=cfg.alloc.n_min,
             n_max=cfg.alloc.n_max, delta=cfg.alloc.delta, sequential=mc.get("sequential"),
+            threshold=cfg.alloc.get("threshold"),
         )  # fmt: skip
 
     @classmethod
@@ -138,6 +142,7 @@ class MethodSettings:
         p_lo: float = P_LO, p_hi: float = P_HI, aggregation: str = "token-mean",
         multiplicity_correction: bool | None = None, keep_cv_on_zero: bool = False, pkpo_k: int = 16,
         n_min: int | None = None, n_max: int | None = None, delta: int | None = None, sequential=None,
+        threshold: float | None = None,
     ) -> MethodSettings:  # fmt: skip
         """The typed constructor (what from_config and the TRL trainer call): the registry's defaults where a setting
         is None, every cross-field rule checked; ValueError on any bad value."""
@@ -179,8 +184,24 @@ class MethodSettings:
                 f"alloc.delta={delta} does not match the estimator: method.keep_cv_on_zero={keep_cv_on_zero} "
                 f"gives c(p, n) = 1 - (1 - p)^(n - {implied_delta}); leave alloc.delta=null"
             )
-        n_min = n_min if n_min is not None else max(2, pilot_m)
-        n_max = n_max if n_max is not None else 8 * n0
+        active = method.allocator == "active"
+        if active:  # the authors' rule: the exact p on the classifier; their recipes' bounds and threshold
+            if estimator != "oracle" or "oracle" not in study.estimators:
+                raise ValueError(
+                    f"{name} allocates from the exact p on the classifier (method.estimator=oracle); on the language "
+                    "models it needs the authors' epoch-frozen Beta history, which their loops do not run yet "
+                    "(docs/design.md section 2.7)"
+                )
+            if keep_cv_on_zero:
+                raise ValueError(f"{name} equalises 1 - (1 - p)^(n - 1): method.keep_cv_on_zero must be false")
+            threshold = 0.05 if threshold is None else threshold
+            if not (isinstance(threshold, (int, float)) and 0.0 <= float(threshold) <= 1.0):
+                raise ValueError(f"alloc.threshold must lie in [0, 1] (0: every prompt active), got {threshold!r}")
+            threshold = float(threshold)
+        elif threshold is not None:
+            raise ValueError(f"alloc.threshold is the authors' active-set rule (sera_authors); {name} has none")
+        n_min = n_min if n_min is not None else (2 if active else max(2, pilot_m))
+        n_max = n_max if n_max is not None else (4 if active else 8) * n0
         if method.advantage is not None:
             if n_min < 2:
                 raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
@@ -209,7 +230,7 @@ class MethodSettings:
             adv_kwargs = {"k": int(pkpo_k)}
         return cls(
             method, int(n0), estimator, int(pilot_m), float(p_lo), float(p_hi), int(n_min), int(n_max),
-            implied_delta, bool(correction), str(aggregation), adv_kwargs, sequential,
+            implied_delta, bool(correction), str(aggregation), adv_kwargs, sequential, threshold,
         )  # fmt: skip
 
     def variant(self, name_default_source: bool = True) -> str:

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.imagenet import policy, train
 from experiments.imagenet.sampling import RowSampler
-from sera.allocation import scale_factor
+from sera.allocation import active_waterline, scale_factor
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings, get_method
 from sera.runlog import RunExistsError, read_jsonl
@@ -359,3 +359,66 @@ def test_two_process_run_equals_the_one_process_run(tmp_path):
     np.testing.assert_allclose(np.load(runs[0] / "val_p.npy"), np.load(runs[1] / "val_p.npy"), rtol=1e-4, atol=1e-9)
     evals = [[r["eval/pass@1"] for r in recs if "eval/pass@1" in r] for recs in records]
     assert evals[0] == pytest.approx(evals[1], rel=1e-5) and evals[0][0] != evals[0][1]  # and the model trained
+
+
+def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_prompts_left_out():
+    """sera_authors through the shipped rollout loss: the images its active set leaves out (a hopeless and a
+    saturated one) get no rollouts and no gradient, the others their counts from active_waterline and weights
+    n0 / n_i, and the loss keeps the budget B * n0 as its denominator, so the average over many steps is
+    (1/B) sum_i c(p_i, n_i) grad log p_i with c = 0 for an image left out (within 5 standard errors)."""
+    logits = torch.tensor([[-9.0, 0, 0, 0, 0], [0.5, 0, 0.2, 0, 0], [1.0, 0, 0, -1, 0], [12.0, 0, 0, 0, 0]],
+                          requires_grad=True)  # fmt: skip
+    y, idx = torch.zeros(4, dtype=torch.long), torch.arange(4)
+    logp = torch.log_softmax(logits, -1)
+    logp_true = logp[:, 0]
+    p = logp_true.exp().detach().double().numpy()
+    run = MethodSettings.build(train.STUDY, "sera_authors", 6)
+    assert (run.n_min, run.n_max, run.threshold, run.estimator) == (2, 24, 0.05, "oracle")
+    gen, draws = torch.Generator().manual_seed(1), []
+    for _ in range(3000):
+        loss, out = policy.rollout_loss(run, logp, logp_true, idx, y, HistoricalEstimator(4), gen)
+        draws.append(torch.autograd.grad(loss, logits, retain_graph=True)[0].reshape(-1))
+    counts = np.zeros(4, dtype=np.int64)
+    counts[out.collected.prompts] = out.counts
+    np.testing.assert_array_equal(counts, active_waterline(p, 24, 2, 24))
+    assert counts[0] == counts[3] == 0 and counts.sum() == 24  # left out, and the budget spent on the others
+    expected_loss = -(torch.as_tensor(scale_factor(p, counts, 1)) * logp_true.double()).mean()
+    expected = torch.autograd.grad(expected_loss, logits)[0].reshape(-1).double()
+    draws = torch.stack(draws).double()
+    mean, se = draws.mean(0), draws.std(0) / np.sqrt(len(draws))
+    assert torch.all(draws.reshape(len(draws), 4, 5)[:, [0, 3]] == 0)  # no gradient through an image left out
+    assert torch.all((mean - expected).abs() <= 5 * se + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["method=sera_authors", "alloc.threshold=1.5"], "alloc.threshold must lie in"),
+        (["method=sera", "alloc.threshold=0.1"], "alloc.threshold is the authors' active-set rule"),
+        (["method=sera_authors", "method.estimator=pilot", "method.pilot_m=8"], "exact p on the classifier"),
+        (["method=sera_authors", "method.keep_cv_on_zero=true"], "keep_cv_on_zero must be false"),
+    ],
+)
+def test_the_authors_rule_refuses_settings_it_does_not_have(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        train.validate(cfg_for(*overrides, "scale=imagenet/smoke"))
+
+
+def test_gauss1000_starts_every_image_at_one_in_a_thousand():
+    cfg = cfg_for("method=maxrl", "scale=imagenet/gauss1000", "data.num_train=2000", "data.num_val=300")
+    stream, val_batches, in_features, classes = train.build_task(cfg, 0, 1)
+    model = train.build_model("mlp", in_features, classes, [256], zero_head=True)
+    x, y = next(iter(val_batches()))
+    probs = torch.softmax(model(x), -1)
+    assert in_features == 64 and classes == 1000 and x.shape == (300, 64)
+    assert torch.equal(probs, torch.full_like(probs, 1 / 1000))
+    idx, x_train, _ = stream.next_batch()
+    assert x_train.shape == (256, 64) and not torch.equal(x_train[:5], x[:5])
+
+
+def test_sera_authors_through_the_real_entry_point(tmp_path):
+    run_cli(tmp_path, "scale=imagenet/smoke", "method=sera_authors", "n0=16")
+    records = read_jsonl(tmp_path / "imagenet-smoke" / "sera_authors-oracle_n0-16_seed-0" / "metrics.jsonl")
+    rl = [r for r in records if "alloc/rollouts" in r]
+    assert rl and all(r["alloc/rollouts"] == r["alloc/budget"] == 16 * 16 for r in rl)
+    assert all(1 <= r["alloc/active"] <= 16 for r in rl) and any(r["alloc/active"] < 16 for r in rl)

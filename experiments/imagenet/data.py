@@ -3,6 +3,9 @@
 digits1000 (CPU default): scikit-learn's bundled 8x8 handwritten digits, three side by side, label = the 3-digit
 number, so there are 1000 classes and p starts at 1/1000 as on ImageNet. The base images are split per digit
 before composing, so validation composites only use images never seen in training.
+gauss1000 (the CPU default in the paper's regime): 1000 classes, each a Gaussian in 64 dimensions around its own
+centre (centres N(0, I), x = mu_y + 2 eps), generated from data.split_seed; with a zero-initialised output layer the
+policy starts at p = 1/1000 for every image, as a ResNet-50 trained from scratch does on ImageNet.
 imagenet: ImageFolder layout (`train/`, `val/` under data.root) with the paper's ResNet transforms.
 Both yield batches (index (B,), x, y (B,)); the index identifies the example for the historical p_hat estimator.
 """
@@ -25,6 +28,23 @@ class InMemorySplit:
 
     def __len__(self) -> int:
         return self.y.numel()
+
+
+GAUSS_DIM, GAUSS_NOISE = 64, 2.0  # gauss1000: input dimension and the noise around each class centre
+
+
+def build_gauss1000(num_train: int, num_val: int, split_seed: int):
+    """(train, val) splits of 1000 Gaussian classes: centres mu_c ~ N(0, I_64), x = mu_y + 2 eps, labels uniform.
+    Train and val are independent draws of the same distribution (no example is in both)."""
+    rng = np.random.default_rng(split_seed)
+    centres = rng.standard_normal((1000, GAUSS_DIM)).astype(np.float32)
+
+    def draw(num):
+        labels = rng.integers(0, 1000, num)
+        x = centres[labels] + GAUSS_NOISE * rng.standard_normal((num, GAUSS_DIM), dtype=np.float32)
+        return InMemorySplit(torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64)))
+
+    return draw(num_train), draw(num_val)
 
 
 def build_digits1000(num_train: int, num_val: int, split_seed: int, val_fraction: float = 0.3):

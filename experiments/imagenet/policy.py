@@ -28,6 +28,8 @@ from sera.sequential import mixed_probability
 
 STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True, sequential=True)
 ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
+# the authors' rule takes the exact p as their code does: clipped to [smallest normal double, largest below 1]
+AUTHORS_CLIP = (float(np.finfo(np.float64).tiny), float(np.nextafter(1.0, 0.0)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -45,9 +47,10 @@ def draw_rollouts(settings: MethodSettings, probs, p_exact, idx, y, history, gen
         rows, labels = sampler.sample(counts, generator)
         return labels, (labels == y[rows]).astype(np.float64)
 
+    lo, hi = AUTHORS_CLIP if settings.method.allocator == "active" else (ORACLE_CLIP, 1 - ORACLE_CLIP)
     p_hat_source = {
         "history": lambda: history.estimate(idx.numpy()) if history.has_data else None,
-        "oracle": lambda: np.clip(p_exact, ORACLE_CLIP, 1 - ORACLE_CLIP),
+        "oracle": lambda: np.clip(p_exact, lo, hi),
     }.get(settings.estimator)
     out = collect(settings, probs.shape[0], draw, p_hat_source)
     labels = out.payloads[0] if out.order is None else np.concatenate(out.payloads)[out.order]
@@ -62,7 +65,10 @@ def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, gen
     """
     p_exact = logp_true.detach().exp().double().cpu().numpy()
     rows, labels, out = draw_rollouts(settings, logp.detach().exp(), p_exact, idx, y.cpu().numpy(), history, generator)
-    return policy_loss(settings, logp, rows, labels, out, p_exact, idx.numpy(), history)
+    idx = idx.numpy()
+    if out.prompts.size < logp.shape[0]:  # the authors' rule left some images out: the loss is on the others
+        logp, p_exact, idx = logp[torch.from_numpy(out.prompts).to(logp.device)], p_exact[out.prompts], idx[out.prompts]
+    return policy_loss(settings, logp, rows, labels, out, p_exact, idx, history)
 
 
 def policy_loss(settings: MethodSettings, logp, rows, labels, out, p_exact, idx, history):

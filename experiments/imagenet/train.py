@@ -30,6 +30,7 @@ from tqdm import tqdm
 from experiments.imagenet.data import (
     BatchStream,
     build_digits1000,
+    build_gauss1000,
     check_imagenet_root,
     image_folder_batches,
     image_folder_val_batches,
@@ -86,8 +87,10 @@ def validate(cfg) -> MethodSettings:
                          "train.warm_start_steps >= 1")  # fmt: skip
     if cfg.data.name == "imagenet":
         check_imagenet_root(cfg.data.root)
-    elif cfg.data.name != "digits1000":
-        raise ValueError(f"unknown data.name {cfg.data.name!r}; choose digits1000 or imagenet")
+    elif cfg.data.name not in ("digits1000", "gauss1000"):
+        raise ValueError(f"unknown data.name {cfg.data.name!r}; choose digits1000, gauss1000 or imagenet")
+    if cfg.model.get("zero_head", False) and cfg.model.name != "mlp":
+        raise ValueError("model.zero_head is for the MLP (the ResNet-50 keeps torchvision's initialisation)")
     if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine"):
         raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine")
     check_optim(cfg.optim)
@@ -166,8 +169,9 @@ def build_task(cfg, rank: int, world: int):
     """(train BatchStream, val batches callable, in_features, num_classes). Each of the world ranks takes
     batch_size / world prompts a step, so the step's batch and rollout budget match a single-process run."""
     b = cfg.train.batch_size // world
-    if cfg.data.name == "digits1000":
-        train, val = build_digits1000(cfg.data.num_train, cfg.data.num_val, cfg.data.split_seed)
+    if cfg.data.name in ("digits1000", "gauss1000"):
+        build = build_digits1000 if cfg.data.name == "digits1000" else build_gauss1000
+        train, val = build(cfg.data.num_train, cfg.data.num_val, cfg.data.split_seed)
         stream = BatchStream(len(train), b, cfg.seed, in_memory_batches(train), rank, world)
         return stream, lambda: in_memory_val_batches(val), train.x.shape[1], 1000
     train, val = imagenet_datasets(cfg.data.root)
@@ -242,7 +246,10 @@ def setup(cfg, settings: MethodSettings, rank: int, world: int, device) -> tuple
     and its validation batches."""
     torch.manual_seed(cfg.seed + rank)
     stream, val_batches, in_features, num_classes = build_task(cfg, rank, world)
-    model = build_model(cfg.model.name, in_features, num_classes, list(cfg.model.hidden)).to(device)
+    model = build_model(
+        cfg.model.name, in_features, num_classes, list(cfg.model.hidden), cfg.model.get("zero_head", False)
+    )
+    model = model.to(device)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
@@ -289,6 +296,9 @@ def step_loss(cfg, settings: MethodSettings, tr: Training, idx, x, y, drawn, rl_
         loss, out = rollout_loss(settings, logp, logp_true, idx, y, tr.history, tr.sample_gen)
     metrics.update(step_metrics(settings, out, loss.item(), tr.stream.batch_size))
     if cos_due:
+        kept = out.collected.prompts  # every image but those the authors' rule left out
+        if drawn is None and kept.size < logp_true.shape[0]:
+            logp_true = logp_true[torch.from_numpy(kept).to(logp_true.device)]
         metrics.update(gradient_alignment(settings, loss, ce_loss, logp_true, out, tr.params))
     return loss, out, metrics
 
