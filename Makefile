@@ -114,7 +114,7 @@ IMAGENET = $(call LEVEL,imagenet-$(IMAGENET_SCALE)) $(PY) -m experiments.imagene
 # ablation rows at fewer seeds; two runs at once unless JOBS= says otherwise (the records do not depend on it).
 # SCALE=cpu runs the earlier digits1000 table (its own grid, numbers unchanged), SCALE=paper real ImageNet.
 IMAGENET_SCALE = $(if $(filter command line environment,$(origin SCALE)),$(SCALE),gauss1000)
-CLASSIFY_SEEDS ?= 0-4
+CLASSIFY_SEEDS ?= 0-7
 CLASSIFY_ABLATION_SEEDS ?= 0-2
 ALL_ACTIVE := alloc.threshold=0.0
 reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),2)
