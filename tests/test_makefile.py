@@ -89,8 +89,10 @@ def test_reproduce_retrained_runs_every_paired_row_in_the_retrained_folder_only(
 def test_a_seed_range_is_swept_as_every_seed_in_it(seeds, expected):
     # README and make help quote grids as MAZE_SEEDS=0-11; Hydra sweeps only an explicit list
     assert trained(dry_run("reproduce-maze", f"MAZE_SEEDS={seeds}", "BASELINES="), "maze") == [("maxrl,sera", expected)]
-    grid = [line for line in dry_run("reproduce-imagenet", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line]
+    grid = [line for line in dry_run("reproduce-imagenet", "SCALE=cpu", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line]
     assert [seed for _, seed in trained(grid, "imagenet")] == [expected, expected]
+    grid = trained(dry_run("reproduce-imagenet", f"CLASSIFY_SEEDS={seeds}"), "imagenet")
+    assert [seed for _, seed in grid][:2] == [expected, expected]
 
 
 GRID_TARGETS = [
@@ -105,7 +107,7 @@ GRID_TARGETS = [
 
 @pytest.mark.parametrize(("target", "study", "extra"), GRID_TARGETS, ids=lambda x: x if isinstance(x, str) else "")
 def test_jobs_runs_every_sweep_through_the_joblib_launcher(target, study, extra):
-    serial = [line for line in dry_run(target, *extra) if f"experiments.{study}.train" in line]
+    serial = [line for line in dry_run(target, "JOBS=1", *extra) if f"experiments.{study}.train" in line]
     parallel = [line for line in dry_run(target, "JOBS=3", *extra) if f"experiments.{study}.train" in line]
     assert serial and not any("hydra/launcher" in line or "base_only" in line for line in serial)
     assert all("hydra/launcher=joblib hydra.launcher.n_jobs=3" in line for line in parallel)
@@ -124,3 +126,15 @@ def test_launcher_slurm_submits_each_sweep_with_the_editable_config():
     assert lines and all("hydra/launcher=slurm" in line and "joblib" not in line for line in lines)
     assert "run.base_only=true" in lines[0]
     assert (ROOT / "configs" / "hydra" / "launcher" / "slurm.yaml").exists()
+
+
+def test_reproduce_imagenet_runs_the_registered_classification_grid_two_at_a_time():
+    lines = dry_run("reproduce-imagenet")
+    runs = trained(lines, "imagenet")
+    assert runs == [("direct_ce", "0,1,2,3,4,5,6,7"), ("maxrl,sera_authors", "0,1,2,3,4,5,6,7"), ("sera", "0,1,2"),
+                    ("sera_authors", "0,1,2")]  # fmt: skip
+    grid = [line for line in lines if "experiments.imagenet.train" in line]
+    assert all("scale=imagenet/gauss1000" in line and "hydra.launcher.n_jobs=2" in line for line in grid)
+    assert "alloc.threshold=0.0" in grid[-1] and not stray(lines)
+    digits = trained(dry_run("reproduce-imagenet", "SCALE=cpu"), "imagenet")
+    assert digits == [("direct_ce", "0,1,2"), ("maxrl,sera", "0,1,2"), ("maxrl,sera", "0")]
