@@ -387,14 +387,61 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     return text
 
 
+# The classifier's pre-registered claims (results/cpu/PREREGISTRATION_CLASSIFICATION.md): the authors' SERA minus
+# MaxRL at the final step, per n0, over the registered seeds; (claim, n0, paper's effect at Pass@1, at Pass@1024)
+CLASSIFICATION_CLAIMS = (("C7", 16, 7.94, -1.86), ("C8", 128, 18.21, 36.65))
+CLASSIFICATION_SEEDS = tuple(range(8))
+PREREG_HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "decision", "paper (pp)", "vs the paper",
+                 "per seed (pp)"]  # fmt: skip
+
+
+def registered(run: Run, name: str, n0: int) -> bool:
+    """A run of the registered rows: the method at n0, its default p_hat source, the default active set."""
+    return (run.get("method.name") == name and run.get("n0") == n0 and not variant(run)
+            and run.get("alloc.threshold") is None and (run.path / "DONE").exists())  # fmt: skip
+
+
+def classification_prereg(runs_root: Path, scale: str = "gauss1000", out_root: Path = OUT,
+                          seeds=CLASSIFICATION_SEEDS) -> str:  # fmt: skip
+    """C7 and C8 by the pre-registered rule (paper_figures.prereg.decide), from each run's final Pass@K (unrounded),
+    seeds paired; written as imagenet-<scale>/preregistered.md."""
+    from paper_figures.prereg import decide
+
+    runs = load_runs(runs_root / f"imagenet-{scale}")
+    rows = []
+    for claim, n0, paper_1, paper_1024 in CLASSIFICATION_CLAIMS:
+        by_seed = {
+            name: {r.get("seed"): r for r in runs if registered(r, name, n0)} for name in ("sera_authors", "maxrl")
+        }
+        paired = [s for s in seeds if s in by_seed["sera_authors"] and s in by_seed["maxrl"]]
+        for endpoint, k, paper in (("primary: Pass@1", 1, paper_1), ("secondary: Pass@1024", 1024, paper_1024)):
+            diffs = [final_eval(by_seed["sera_authors"][s])[k] - final_eval(by_seed["maxrl"][s])[k] for s in paired]
+            cell, decision, against = decide(diffs, len(seeds), paper)
+            if endpoint.startswith("secondary") and decision in (
+                "supported",
+                "contradicted",
+                "not decided at this power",
+            ):
+                decision += " (decides nothing)"
+            per_seed = ", ".join(f"{s}: {d:+.2f}" for s, d in zip(paired, diffs, strict=True))
+            seen = f"{len(paired)} of {len(seeds)}"
+            rows.append([f"{claim} classification n0 = {n0}", f"{endpoint} at the final step", seen, cell, decision,
+                         f"{paper:+.2f}", against, per_seed])  # fmt: skip
+    out = out_root / f"imagenet-{scale}"
+    md = write_table(out / "preregistered", PREREG_HEADER, rows)
+    text = f"# Pre-registered classification claims, scale={scale}\n\n{md}"
+    print(text)
+    return text
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=["table2", "table3"])
+    parser.add_argument("table", choices=["table2", "table3", "prereg"])
     parser.add_argument("--scale", default="cpu")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    {"table2": table2, "table3": table3}[args.table](args.runs, args.scale, args.out)
+    {"table2": table2, "table3": table3, "prereg": classification_prereg}[args.table](args.runs, args.scale, args.out)
 
 
 if __name__ == "__main__":
