@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 from experiments.math.data import load_dataset_spec
 from experiments.math.generated import FAMILIES, make_splits
@@ -54,7 +55,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="runs/trl-math")
+    p.add_argument("--output-dir", default=os.path.join(tempfile.gettempdir(), "sera-trl-math"))
     p.add_argument("--report-to", default="none", help="none, or TRL's integrations, comma-separated (e.g. wandb)")
     p.add_argument("--eval", default=None, help="held-out problems: registry slug or file (default: the --train "
                    "family's held-out pool, for a generated family)")  # fmt: skip

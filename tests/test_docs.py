@@ -61,3 +61,12 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert out.returncode == 0, out.stderr
     built = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("index.html")}
     assert {"index.html", "design/index.html", "maze/index.html", "numerics/index.html"} <= built
+
+
+def test_the_readme_quick_start_prints_what_it_shows(capsys):
+    """README's quick start: its python block, run as written, prints exactly the text block below it."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    code, shown = re.search(r"```python\n(.*?)```\n```text\n(.*?)```", section, re.S).groups()
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    assert capsys.readouterr().out == shown

@@ -214,7 +214,7 @@ def test_readme_example_runs_as_written(tmp_path, monkeypatch):
     namespace = {}
     exec(compile(readme_example(), "docs/trl.md", "exec"), namespace)  # noqa: S102 - the page's own example
     trainer = namespace["trainer"]
-    assert trainer.state.global_step == 6 and trainer.last_step.counts.sum() == 4 * 8
+    assert trainer.state.global_step == 5 and trainer.last_step.counts.sum() == 4 * 8
     steps = trainer.state.log_history[:-1]  # the example shows SERA at work: mixed rewards, unequal counts, a gradient
     assert any(0 < log["reward"] < 1 for log in steps) and any(log["grad_norm"] > 0 for log in steps)
     assert any(log["alloc/n_max"] > log["alloc/n_min"] for log in steps)
