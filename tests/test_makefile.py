@@ -89,7 +89,9 @@ def test_reproduce_retrained_runs_every_paired_row_in_the_retrained_folder_only(
 def test_a_seed_range_is_swept_as_every_seed_in_it(seeds, expected):
     # README and make help quote grids as MAZE_SEEDS=0-11; Hydra sweeps only an explicit list
     assert trained(dry_run("reproduce-maze", f"MAZE_SEEDS={seeds}", "BASELINES="), "maze") == [("maxrl,sera", expected)]
-    grid = [line for line in dry_run("reproduce-imagenet", "SCALE=cpu", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line]
+    grid = [
+        line for line in dry_run("reproduce-imagenet", "SCALE=cpu", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line
+    ]
     assert [seed for _, seed in trained(grid, "imagenet")] == [expected, expected]
     grid = trained(dry_run("reproduce-imagenet", f"CLASSIFY_SEEDS={seeds}"), "imagenet")
     assert [seed for _, seed in grid][:2] == [expected, expected]
