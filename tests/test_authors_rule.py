@@ -21,7 +21,8 @@ from sera.estimation import BetaHistory
 DATA = Path(__file__).parent / "data"
 REFERENCE = json.loads((DATA / "authors_sera" / "reference.json").read_text())
 CASES = [case for case in REFERENCE["allocation_cases"] if "error" not in case]
-BEFORE = json.loads((DATA / "waterline_before.json").read_text())["cases"]
+BEFORE_FILE = json.loads((DATA / "waterline_before.json").read_text())
+BEFORE = BEFORE_FILE["cases"]
 
 
 def test_the_reference_names_its_source_and_covers_both_modes_and_regimes():
@@ -89,6 +90,17 @@ def test_the_fast_waterline_gives_the_allocations_it_gave_before(case):
     """Unclipped mixtures (the fast path alone) and the pilots' discrete p (ties, settled as before)."""
     counts = waterline(np.array(case["p"]), case["budget"], case["n_min"], case["n_max"], case["delta"])
     np.testing.assert_array_equal(counts, case["counts"])
+
+
+def test_the_fast_waterline_gives_the_earlier_allocations_on_the_authors_reference_inputs():
+    """Every reference case's p (n_min = 2, n_max = 4 n0, budget B n0, delta 1 and 0) against the earlier code's counts."""
+    before = BEFORE_FILE["on_the_authors_reference_inputs"]["counts"]
+    assert len(before) > 600
+    for key, counts in before.items():
+        index, delta = map(int, key.split("-"))
+        case = REFERENCE["allocation_cases"][index]
+        p, n0 = np.array(case["p"]), case["n0"]
+        np.testing.assert_array_equal(waterline(p, p.size * n0, 2, 4 * n0, delta), counts, err_msg=key)
 
 
 def one_at_a_time(p, budget, n_min, n_max, delta):
