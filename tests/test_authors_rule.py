@@ -93,7 +93,7 @@ def test_the_fast_waterline_gives_the_allocations_it_gave_before(case):
 
 
 def test_the_fast_waterline_gives_the_earlier_allocations_on_the_authors_reference_inputs():
-    """Every reference case's p (n_min = 2, n_max = 4 n0, budget B n0, delta 1 and 0) against the earlier code's counts."""
+    """Each reference case's p (n_min = 2, n_max = 4 n0, budget B n0, delta 1 and 0) against the earlier counts."""
     before = BEFORE_FILE["on_the_authors_reference_inputs"]["counts"]
     assert len(before) > 600
     for key, counts in before.items():
