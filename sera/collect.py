@@ -362,7 +362,7 @@ def collect(
     sampler, allocator = s.sampler, s.method.allocator
     if allocator not in COLLECTORS:
         raise ValueError(f"{s.method.name} collects no rollouts (allocator {allocator!r})")
-    if s.estimator in ("history", "oracle") and p_hat_source is None:
+    if s.estimator in ("history", "oracle", "beta") and p_hat_source is None:
         raise ValueError(f"method.estimator={s.estimator} needs a p_hat source")
     needs_state = sampler.predictor or sampler.prior
     if (sampler.stream and stream is None) or (needs_state and state is None):

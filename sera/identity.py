@@ -40,6 +40,7 @@ ADDED_DEFAULTS = {
     ("sft", "noise_width"): 5,
     ("alloc", "threshold"): None,
     ("model", "zero_head"): False,
+    ("task", "pool_order"): "step",
 }
 
 

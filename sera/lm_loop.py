@@ -43,7 +43,7 @@ from sera.distributed import (
     sum_over_ranks,
     world_info,
 )
-from sera.estimation import HistoricalEstimator
+from sera.estimation import BetaHistory, HistoricalEstimator
 from sera.losses import pg_loss
 from sera.methods import MethodSettings
 from sera.passk import pass_at_k
@@ -314,6 +314,10 @@ def rl_step(
     p_hat_source = (
         (lambda: history.estimate(first) if history.has_data else None) if ms.estimator == "history" else None
     )
+    if ms.estimator == "beta":  # the authors' history: a new epoch folds the last one in and freezes the estimates
+        while history.epoch < step * ls.batch_size // task.num_prompts:
+            history.start_epoch()
+        p_hat_source = lambda: history.estimate(first)  # noqa: E731
     out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state)
     t_gen = time.perf_counter() - t0
     if out.counts.size == 0:  # nothing to train on: say so and move on
@@ -468,7 +472,7 @@ class TrainPool:
 def coverage(ls: LoopSettings, history) -> dict:
     """train/distinct_prompts: prompts trained on so far (those the history has a rate for), when train.log_coverage
     (the sequential grid: how many prompts DPS's selection returns to)."""
-    if not ls.log_coverage or history is None:
+    if not ls.log_coverage or not isinstance(history, HistoricalEstimator):
         return {}
     return {"train/distinct_prompts": int(np.count_nonzero(~np.isnan(history.last_rate)))}
 
@@ -483,6 +487,14 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     )
     generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
     history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
+    if ms.estimator == "beta":
+        if not task.num_prompts or task.num_prompts % ls.batch_size or not getattr(task, "epoch_order", False):
+            raise ValueError(
+                f"the Beta history needs a fixed training set read in epochs whose size is a multiple of the batch "
+                f"({task.num_prompts} prompts, B = {ls.batch_size}; the maze: task.pool_order=epoch), so that no "
+                "step mixes epochs and every prompt has an estimate after the first epoch"
+            )
+        history = BetaHistory(task.num_prompts)
     seq_state = sequential_state(ms, task.num_prompts)  # DPS's predictor, SARA's prior: carried across steps
     skips = SkipGuard(ls.max_skipped_steps)
     start = 0

@@ -15,7 +15,8 @@ from sera.allocators import SAMPLERS, Sampler
 from sera.estimation import P_HI, P_LO
 from sera.sequential import SequentialSettings
 
-ESTIMATORS = ("none", "pilot", "history", "oracle")  # how p_hat is obtained (docs/design.md section 3)
+# how p_hat is obtained (docs/design.md section 3); beta: the authors' epoch-frozen Beta history (sera_authors, LMs)
+ESTIMATORS = ("none", "pilot", "history", "oracle", "beta")
 AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalisation (docs/design.md section 6)
 
 
@@ -79,7 +80,7 @@ class Study:
     """What a study can run: which p_hat sources it has and whether it has an exact-likelihood reference."""
 
     name: str
-    estimators: tuple[str, ...] = ("none", "pilot", "history")
+    estimators: tuple[str, ...] = ("none", "pilot", "history", "beta")
     exact_likelihood: bool = False  # Direct CE is possible (the classifier)
     repeated_prompts: bool = True  # prompts recur, so a historical p_hat exists
     sequential: bool = True  # the step can draw more prompts (DS, DPS, SARA); DPS also needs repeated prompts
@@ -149,6 +150,8 @@ class MethodSettings:
         method = get_method(name)
         if method.advantage is None and not study.exact_likelihood:
             raise ValueError(f"{name} has no rollouts; the {study.name} study needs an RL method")
+        if method.allocator == "active" and estimator is None:  # the authors' p: exact where it exists, else history
+            estimator = "oracle" if "oracle" in study.estimators else "beta"
         estimator, pilot_m = method.p_hat_source(estimator, pilot_m)
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")
@@ -156,6 +159,14 @@ class MethodSettings:
             raise ValueError(f"method.estimator={estimator} is unavailable in {study.name}: {study.estimators}")
         if estimator == "history" and not study.repeated_prompts:
             raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
+        if estimator == "beta" and not study.repeated_prompts:
+            raise ValueError(
+                f"{name}'s Beta history needs prompts that recur in epochs; with fresh prompts every step it would "
+                "allocate uniformly for ever, which is MaxRL under SERA's name (the maze: set task.pool_size and "
+                "task.pool_order=epoch)"
+            )
+        if estimator == "beta" and method.allocator != "active":
+            raise ValueError(f"method.estimator=beta is the authors' estimator of method=sera_authors, not of {name}")
         sampler = method.sampler
         if sampler.p_hat and estimator == "none":
             raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
@@ -186,11 +197,11 @@ class MethodSettings:
             )
         active = method.allocator == "active"
         if active:  # the authors' rule: the exact p on the classifier; their recipes' bounds and threshold
-            if estimator != "oracle" or "oracle" not in study.estimators:
+            if estimator not in ("oracle", "beta"):
                 raise ValueError(
-                    f"{name} allocates from the exact p on the classifier (method.estimator=oracle); on the language "
-                    "models it needs the authors' epoch-frozen Beta history, which their loops do not run yet "
-                    "(docs/design.md section 2.7)"
+                    f"{name} allocates from the exact p (method.estimator=oracle, the classifier) or from the "
+                    "authors' epoch-frozen Beta history (method.estimator=beta, the language models), not "
+                    f"method.estimator={estimator} (docs/design.md section 2.7)"
                 )
             if keep_cv_on_zero:
                 raise ValueError(f"{name} equalises 1 - (1 - p)^(n - 1): method.keep_cv_on_zero must be false")
@@ -237,7 +248,9 @@ class MethodSettings:
         """Run-name suffix of the p_hat source ('-m8', '-history', '-oracle'; with name_default_source=False only
         when it is not the registry's default), '-mc'/'-nomc' when the correction is not the registry's, and each
         sequential setting the allocator reads that is not SequentialSettings' default ('-k0=4-prior=flat')."""
-        tag = {"none": "", "pilot": f"-m{self.pilot_m}", "history": "-history", "oracle": "-oracle"}[self.estimator]
+        tag = {"none": "", "pilot": f"-m{self.pilot_m}", "history": "-history", "oracle": "-oracle", "beta": "-beta"}[
+            self.estimator
+        ]
         if not name_default_source and (self.estimator, self.pilot_m) == (self.method.estimator, self.method.pilot_m):
             tag = ""
         if self.multiplicity_correction != self.method.multiplicity_correction:

@@ -102,3 +102,21 @@ def test_sara_resumes_a_checkpoint_from_before_its_prior():
     fitted = SequentialState(None, SaraPrior(SequentialSettings(prior="population")))
     with pytest.raises(ValueError, match="lacks a prior"):
         fitted.load_state_dict(None)
+
+
+def test_the_authors_rule_draws_only_for_its_active_set_and_trains_those_groups():
+    from sera.allocation import active_waterline
+    from sera.methods import Study
+
+    s = MethodSettings.build(Study("toy"), "sera_authors", 8, estimator="beta")
+    p = np.array([1e-4, 0.3, 0.6, 0.9999, 0.5, 0.1])  # the first and fourth have little chance of a mixed group
+    draw = FakeDraw()
+    out = collect(s, p.size, draw, lambda: p)
+    expected = active_waterline(p, p.size * 8, 2, 32)
+    np.testing.assert_array_equal(draw.calls[0], expected)  # one draw: nothing for the prompts left out
+    np.testing.assert_array_equal(out.prompts, np.flatnonzero(expected))
+    np.testing.assert_array_equal(out.counts, expected[expected > 0])
+    assert out.rollouts_trained == out.rollouts_generated == p.size * 8 and out.metrics["alloc/active"] == 4
+    np.testing.assert_array_equal(out.p_hat, p[expected > 0])
+    with_unseen = collect(s, p.size, FakeDraw(), lambda: np.where(np.arange(6) == 2, np.nan, p))
+    assert with_unseen.counts.tolist() == [8] * 6 and with_unseen.p_hat is None  # the cold-start rule: uniform

@@ -595,3 +595,48 @@ def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch, method, est
         run_toy(cfg, tmp_path / "b")
     monkeypatch.setattr(RunDir, "log", original)
     assert run_toy(cfg, tmp_path / "b")[1] == reference  # resumed from the checkpoint written after step 1
+
+
+class EpochToyTask(ToyTask):
+    """ToyTask's 16 prompts read in epochs (steps 0-3 with B = 4 are epoch 0, in a fixed order), as the math task and
+    the maze's pool_order=epoch read theirs: what the authors' Beta history needs."""
+
+    epoch_order = True
+
+    def train_prompts(self, step, batch, start=0):
+        ids = (step * 4 + np.arange(start, min(start + batch, self.num_prompts))) % self.num_prompts
+        return ids, [[1, 2 + int(i) % 7, 3 + int(i) // 7] for i in ids]
+
+
+def run_epochs(cfg, path, task):
+    model = tiny_model()
+    ms, ls = settings(cfg)
+    with RunDir(path, {"method": cfg.method.name}) as run_dir:
+        train(ms, ls, task, model, HFEngine(model, EOS, PAD), run_dir)
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run_dir.metrics_file)]
+
+
+def test_the_authors_rule_is_uniform_for_an_epoch_then_reads_the_beta_history_and_resumes(tmp_path, monkeypatch):
+    cfg = loop_cfg("sera_authors", None, 0, steps=8)
+    assert settings(cfg)[0].estimator == "beta"  # the language models' default: no exact p
+    reference = run_epochs(cfg, tmp_path / "a", EpochToyTask())
+    assert all(r["alloc/rollouts"] == r["alloc/budget"] == 32 for r in reference)
+    assert all("alloc/active" not in r and r["alloc/n_min"] == r["alloc/n_max"] == 8 for r in reference[:4])
+    assert all(1 <= r["alloc/active"] <= 4 for r in reference[4:])  # epoch 1: every prompt has an estimate
+    original = RunDir.log
+
+    def crash_at_step_6(self, step, metrics):
+        if step == 6:
+            raise KeyboardInterrupt("simulated kill")
+        original(self, step, metrics)
+
+    monkeypatch.setattr(RunDir, "log", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        run_epochs(cfg, tmp_path / "b", EpochToyTask())
+    monkeypatch.setattr(RunDir, "log", original)
+    assert run_epochs(cfg, tmp_path / "b", EpochToyTask()) == reference  # the history's state in the checkpoint
+
+
+def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):
+    with pytest.raises(ValueError, match="read in epochs"):
+        run_epochs(loop_cfg("sera_authors", None, 0, steps=2), tmp_path / "a", ToyTask())

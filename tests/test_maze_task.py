@@ -219,3 +219,40 @@ def test_train_pool_set_is_the_pool_and_scores_its_mazes():
     assert task.rewards(ids[:1], [encode_answer([])], np.zeros(1, dtype=bool)).tolist() == [0.0]
     with pytest.raises(ValueError, match="pool_size"):
         MazeTask(cells_for_grid(7), num_eval=2).train_pool_set()
+
+
+def test_the_pool_in_epochs_shows_every_maze_once_an_epoch_and_step_order_is_unchanged():
+    from experiments.maze.task import MazeTask
+
+    task = MazeTask(cells=9, num_eval=2, run_seed=3, pool_size=12, pool_order="epoch", batch_size=4)
+    epochs = [np.concatenate([task.train_prompts(step, 4)[0] for step in range(e * 3, e * 3 + 3)]) for e in range(3)]
+    for ids in epochs:
+        assert sorted(ids.tolist()) == list(range(12))  # each epoch covers the pool exactly once
+    assert not np.array_equal(epochs[0], epochs[1])  # in a new order each epoch
+    again = MazeTask(cells=9, num_eval=2, run_seed=3, pool_size=12, pool_order="epoch", batch_size=4)
+    np.testing.assert_array_equal(again.train_prompts(4, 4)[0], epochs[1][4:8])  # deterministic in (seed, step)
+    step_order = MazeTask(cells=9, num_eval=2, run_seed=3, pool_size=12)
+    np.testing.assert_array_equal(step_order.train_prompts(5, 4)[0], np.random.default_rng([3, 5]).permutation(12)[:4])
+    with pytest.raises(ValueError, match="pool_order"):
+        MazeTask(cells=9, num_eval=2, pool_size=None, pool_order="epoch", batch_size=4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ([], "MaxRL under SERA's name"),  # fresh mazes every step: the history would never have an estimate
+        (["task.pool_order=epoch"], "pool_order must be step or epoch"),  # epochs of what: no pool
+    ],
+)
+def test_the_authors_rule_on_the_maze_needs_a_pool_read_in_epochs(overrides, match):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from experiments.maze import train
+
+    configs = str(Path(__file__).resolve().parents[1] / "configs")
+    with initialize_config_dir(config_dir=configs, version_base=None):
+        cfg = compose("maze", ["scale=maze/smoke", "method=sera_authors", *overrides])
+    with pytest.raises(ValueError, match=match):
+        train.validate(cfg)

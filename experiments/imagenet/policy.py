@@ -23,10 +23,16 @@ from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics
 from sera.distributed import all_gather
 from sera.losses import pg_loss
-from sera.methods import ESTIMATORS, MethodSettings, Study
+from sera.methods import MethodSettings, Study
 from sera.sequential import mixed_probability
 
-STUDY = Study("classification", estimators=ESTIMATORS, exact_likelihood=True, repeated_prompts=True, sequential=True)
+STUDY = Study(
+    "classification",
+    estimators=("none", "pilot", "history", "oracle"),
+    exact_likelihood=True,
+    repeated_prompts=True,
+    sequential=True,
+)
 ORACLE_CLIP = 1e-9  # the oracle's p_hat is exact p, kept strictly inside (0, 1)
 # the authors' rule takes the exact p as their code does: clipped to [smallest normal double, largest below 1]
 AUTHORS_CLIP = (float(np.finfo(np.float64).tiny), float(np.nextafter(1.0, 0.0)))

@@ -24,6 +24,8 @@ class MathTask:
     EVAL_ID_BASE * (set position + 1) + row, so one `rewards` serves both.
     """
 
+    epoch_order = True  # the training set is read in epochs (the authors' Beta history needs them)
+
     def __init__(self, tokenizer, template: str, problems, batch_size: int, seed: int, eos_id: int, pad_id: int):
         train, evals, _ = problems  # load_problems' (training problems, {set: problems}, SFT problems)
         self.tokenizer, self.batch_size, self.seed = tokenizer, batch_size, seed

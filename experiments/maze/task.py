@@ -212,23 +212,36 @@ def distinct_answers(answers: list) -> int:
 EVAL_SET = "heldout"  # the name of the maze's one evaluation set (records eval_step<N>_heldout.json)
 
 
+EPOCH_STREAM = 1  # keeps the epoch permutations' seeds apart from the per-step orders'
+
+
 class MazeTask:
     """Training mazes (fresh every step, per run seed; or a finite pool), a fixed held-out set (sera.lm_loop.Task).
 
     Fresh mazes are identified by their maze seed. With pool_size P, the training mazes are a fixed pool of P (ids
     0..P-1, below the held-out seeds), each step taking them in its own seeded order: prompts recur across steps,
-    which the historical p_hat and DPS need, and a step can draw more than B of them (DS, DPS, SARA).
+    which the historical p_hat and DPS need, and a step can draw more than B of them (DS, DPS, SARA). With
+    pool_order="epoch" the pool is read in epochs instead, as the math task's set is: per-epoch permutations seeded by
+    (run seed, epoch), step t's prompts from position t*B, so with P a multiple of B every step lies in one epoch and
+    every maze is seen once an epoch (what the authors' Beta history needs).
     """
 
     eos_id, pad_id = DONE_ID, PAD_ID
 
-    def __init__(self, cells: int, num_eval: int, run_seed: int = 0, pool_size: int | None = None):
+    def __init__(self, cells: int, num_eval: int, run_seed: int = 0, pool_size: int | None = None,
+                 pool_order: str = "step", batch_size: int | None = None):  # fmt: skip
         if pool_size is not None and not 1 <= pool_size <= HELDOUT_SEED:
             raise ValueError(f"task.pool_size must lie in [1, {HELDOUT_SEED}] or be null, got {pool_size}")
+        if pool_order not in ("step", "epoch") or (pool_order == "epoch" and (pool_size is None or not batch_size)):
+            raise ValueError(f"task.pool_order must be step or epoch (epoch: with task.pool_size), got {pool_order!r}")
         self.cells, self.run_seed, self.num_prompts = cells, run_seed, pool_size
+        self.epoch_order, self.batch_size = pool_order == "epoch", batch_size
         self.eval_ids = np.arange(HELDOUT_SEED, HELDOUT_SEED + num_eval)
         self.eval_grids = {int(s): g for s, g in zip(self.eval_ids, heldout_mazes(num_eval, cells), strict=True)}
         self.grids = dict(self.eval_grids)
+
+    def epoch_permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.run_seed, EPOCH_STREAM, epoch]).permutation(self.num_prompts)
 
     def maze_seed(self, prompt_id: int) -> int:
         """The generating seed of a training maze: its id, or for pool maze j, run_seed * 2**32 + offset + j."""
@@ -241,6 +254,10 @@ class MazeTask:
             if start > 0:
                 raise ValueError("fresh training mazes give B prompts a step; set task.pool_size to draw more")
             ids = np.array([train_maze_seed(step, i, batch, self.run_seed) for i in range(batch)])
+        elif self.epoch_order:  # the pool in epochs: step t reads from position t*B on
+            position = step * self.batch_size + np.arange(start, min(start + batch, self.num_prompts))
+            epoch, index = np.divmod(position, self.num_prompts)
+            ids = np.array([self.epoch_permutation(int(e))[i] for e, i in zip(epoch, index, strict=True)])
         else:  # the pool in this step's own order; fewer than asked once the pool is used up
             order = np.random.default_rng([self.run_seed, step]).permutation(self.num_prompts)
             ids = order[start : start + batch]

@@ -29,9 +29,17 @@ from sera.threads import set_torch_threads
 def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     """Every cross-field check, before any work starts (the base model included)."""
     pool = cfg.task.pool_size
+    order = cfg.task.get("pool_order", "step")
+    if order not in ("step", "epoch") or (order == "epoch" and pool is None):
+        raise ValueError(f"task.pool_order must be step or epoch (epoch needs task.pool_size), got {order!r}")
     name = "maze" if pool is not None else "maze with fresh mazes every step (task.pool_size=N gives a finite pool)"
     settings, loop = validate_lm(cfg, Study(name, repeated_prompts=pool is not None, sequential=pool is not None))
     maze.cells_for_grid(cfg.task.grid_size)
+    if settings.estimator == "beta" and (order != "epoch" or pool % cfg.train.batch_size):
+        raise ValueError(
+            f"the Beta history reads the pool in epochs of whole steps: set task.pool_order=epoch and a "
+            f"task.pool_size that is a multiple of train.batch_size={cfg.train.batch_size} (got {pool}, {order})"
+        )
     if pool is not None and not 1 <= pool <= maze.HELDOUT_SEED:
         raise ValueError(f"task.pool_size must lie in [1, {maze.HELDOUT_SEED}] or be null, got {pool}")
     if cfg.model.path is None and cfg.model.name not in PRESETS:
@@ -82,7 +90,8 @@ def run(cfg: DictConfig) -> dict:
         base = ensure_base(cfg, loop, root, device)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.name, str(base)).to(device)
-        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed, cfg.task.pool_size)
+        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed, cfg.task.pool_size,
+                        cfg.task.get("pool_order", "step"), cfg.train.batch_size)  # fmt: skip
         return model, task, make_engine(cfg, model, base, maze.DONE_ID, maze.PAD_ID)
 
     return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads)
