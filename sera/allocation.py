@@ -151,8 +151,9 @@ def _maxmin_counts(a: np.ndarray, budget: int, n_min: int, n_max: int, delta: fl
     num = a.size
     counts = np.empty(num, dtype=np.int64)
     index = np.arange(num)
-    lo, hi = 0.0, float(np.max(a) * (n_max - delta) * 2)  # every rollout's value is below hi
-    k_lo = np.full(num, n_min, dtype=np.int64)  # n_min >= delta: no value lies below 0
+    # no rollout's value a_i (k - delta), n_min <= k < n_max, lies below lo or reaches hi
+    lo, hi = float(np.min(a) * (n_min - delta)), float(np.max(a) * (n_max - delta))
+    k_lo = np.full(num, n_min, dtype=np.int64)
     k_hi = np.full(num, n_max, dtype=np.int64)
     settled = 0  # rollouts of the prompts that left the search
     while True:
