@@ -48,7 +48,11 @@ NAME_OF_LABEL = {m.label: m.name for m in METHODS.values()}
 
 
 def variant(run: Run) -> str:
-    """'' for a method's default p_hat source (the registry's: SERA's 8 pilots), else 'm=2', 'history', 'oracle'..."""
+    """'' for a method's default p_hat source (the registry's: SERA's 8 pilots), else 'm=2', 'history', 'oracle'...;
+    the authors' rule with another active-set threshold: 'all prompts active' (0) or 'threshold=...'."""
+    threshold = run.get("alloc.threshold")
+    if threshold is not None:
+        return "all prompts active" if threshold == 0 else f"threshold={threshold}"
     est, m = method_setting(run, "estimator"), method_setting(run, "pilot_m")
     entry = METHODS.get(run.get("method.name"))
     if est in (None, "none") or (entry is not None and (est, m) == (entry.estimator, entry.pilot_m)):
@@ -89,7 +93,7 @@ def has_method(group: list[Run], name: str) -> bool:
 
 
 def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
-    runs = [r for r in load_runs(runs_root / f"imagenet-{scale}") if variant(r) in ("", "oracle")]
+    runs = [r for r in load_runs(runs_root / f"imagenet-{scale}") if variant(r) in ("", "oracle", "all prompts active")]
     groups = sorted(group_runs(runs), key=lambda g: (slot(g[0].get("method.name"), g[0].get("n0")), variant(g[0])))
     by_slot: dict[tuple, list] = {}
     for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
