@@ -413,7 +413,7 @@ def row_of(prefix: str) -> str:
 
 def test_swapped_table_cells_are_caught():
     """MaxRL's and SERA's Pass@1 at n0 = 16 exchanged in Table 2."""
-    maxrl, sera = row_of("| 16 | MaxRL |"), row_of("| 16 | SERA |")
+    maxrl, sera = row_of("| 16 | MaxRL | 76.38"), row_of("| 16 | SERA | **81.20**")
     text = mutated(maxrl, maxrl.replace("76.38", "81.20")).replace(sera, sera.replace("**81.20**", "**76.38**"))
     assert_caught(text, "'Pass@1' is '81.20'", "'Pass@1' is '**76.38**'")
 
