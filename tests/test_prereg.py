@@ -162,3 +162,17 @@ def test_a_poorer_build_leaves_the_committed_table_alone(tmp_path):
     prereg.main(["--runs", str(tmp_path / "no-runs"), "--out", str(tmp_path / "out"), "--results", str(results),
                  "--force"])  # fmt: skip
     assert "not run" in (results / "preregistered.md").read_text()
+
+
+def test_the_committed_classification_claims_are_what_the_archive_gives(tmp_path):
+    """C7 and C8 (results/cpu/PREREGISTRATION_CLASSIFICATION.md): the committed table equals the one rebuilt from the
+    archived runs, and it decides at the 8 registered seeds."""
+    from paper_figures import archive, imagenet
+
+    folder = "imagenet-gauss1000"
+    archive.restore(ROOT / "results" / "runs" / folder, tmp_path / folder)
+    imagenet.classification_prereg(tmp_path, "gauss1000", tmp_path / "out")
+    committed = (ROOT / "results" / "cpu" / folder / "preregistered.md").read_text()
+    assert (tmp_path / "out" / folder / "preregistered.md").read_text() == committed
+    primary = [line for line in committed.splitlines() if "| primary" in line]
+    assert len(primary) == 2 and all("| 8 of 8 |" in line for line in primary)
