@@ -118,7 +118,7 @@ CLASSIFY_SEEDS ?= 0-7
 CLASSIFY_ABLATION_SEEDS ?= 0-2
 ALL_ACTIVE := alloc.threshold=0.0
 reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),2)
-reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~25 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper
+reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper
 ifeq ($(IMAGENET_SCALE),gauss1000)
 	$(IMAGENET) scale=imagenet/gauss1000 method=direct_ce seed=$(call seeds,$(CLASSIFY_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=maxrl,sera_authors n0=16,128 seed=$(call seeds,$(CLASSIFY_SEEDS))
@@ -171,7 +171,7 @@ MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun ru
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= (cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE),$(call seeds,$(MAZE_SEEDS)))
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
