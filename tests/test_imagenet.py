@@ -395,7 +395,8 @@ def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_promp
     [
         (["method=sera_authors", "alloc.threshold=1.5"], "alloc.threshold must lie in"),
         (["method=sera", "alloc.threshold=0.1"], "alloc.threshold is the authors' active-set rule"),
-        (["method=sera_authors", "method.estimator=pilot", "method.pilot_m=8"], "exact p on the classifier"),
+        (["method=sera_authors", "method.estimator=pilot", "method.pilot_m=8"], "allocates from the exact p"),
+        (["method=sera_authors", "method.estimator=beta"], "unavailable in classification"),
         (["method=sera_authors", "method.keep_cv_on_zero=true"], "keep_cv_on_zero must be false"),
     ],
 )
