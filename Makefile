@@ -141,7 +141,7 @@ STUDY ?= imagenet
 METHOD ?= sera
 ABLATE = $(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
 	scale=$(STUDY)/$(SCALE) $(LAUNCH)
-ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= [METHOD=sera]; a table and a plot
+ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= [METHOD=sera] [SCALE=smoke: seconds]; prints where its table and plot went
 	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
 	$(ARCHIVE) restore --folder $(STUDY)-$(SCALE)
 	$(if $(filter maze math,$(STUDY)),$(call BASES,$(ABLATE),$(call seeds,$(SEEDS))))

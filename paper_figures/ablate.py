@@ -130,18 +130,39 @@ def ablation_table(runs_root: Path, study: str, scale: str, method: str, setting
     plot(values, [[r[2 + ks.index(k)] for r in rows] for k in ks], ks, setting, out / stem)
     text = f"# Ablation of {setting} ({method}, {study}, scale={scale})\n\n{md}"
     print(text)
+    written = sorted(str(p) for p in out.glob(f"{stem}.*"))
+    print("wrote " + ", ".join(written))  # the table (markdown, CSV, LaTeX) and the plot
     return text
 
 
+def x_positions(values: list[str]) -> tuple[list[float], bool]:
+    """Where each value sits on the x-axis: at its number when every value is one (log scale when they are all
+    positive and span more than 20x), else evenly spaced in the order given. Returns (positions, log scale)."""
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        return list(range(len(values))), False
+    positive = all(x > 0 for x in numbers)
+    return numbers, positive and max(numbers) / min(numbers) > 20
+
+
 def plot(values: list[str], curves: list[list[float]], ks: list[int], setting: str, stem: Path) -> None:
-    """Pass@K against the setting's value, one line per K (values evenly spaced, in the order given)."""
+    """Pass@K against the setting's value, one line per K, each K its own colour (a sequential colormap) and marker;
+    the points joined in the order of the x-axis."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for k, curve in zip(ks, curves, strict=True):
-        ax.plot(range(len(values)), curve, marker="o", label=f"Pass@{k}")
-    ax.set_xticks(range(len(values)), values)
+    x, log = x_positions(values)
+    order = sorted(range(len(values)), key=lambda i: x[i])
+    colours = plt.get_cmap("viridis")([i / max(1, len(ks) - 1) for i in range(len(ks))])
+    markers = "osD^v<>ph*X"
+    for i, (k, curve) in enumerate(zip(ks, curves, strict=True)):
+        ax.plot([x[j] for j in order], [curve[j] for j in order], marker=markers[i % len(markers)], color=colours[i],
+                label=f"Pass@{k}")  # fmt: skip
+    if log:
+        ax.set_xscale("log")
+    ax.set_xticks(x, values)
     ax.set(xlabel=setting, ylabel="Pass@K (%)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=2)
     save_figure(fig, stem)
 
 

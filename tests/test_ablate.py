@@ -47,6 +47,15 @@ def test_a_classifier_ablation_of_the_p_hat_clip(tmp_path):
     assert "question-paired" in text and (tmp_path / "imagenet-smoke" / "ablate_method_p_lo.png").exists()
 
 
+def test_the_plot_puts_numbers_on_a_numeric_axis_and_says_where_it_wrote(tmp_path, capsys):
+    assert ablate.x_positions(["8", "0", "2", "16"]) == ([8.0, 0.0, 2.0, 16.0], False)  # 0 rules out a log axis
+    assert ablate.x_positions(["1e-3", "1e-1"]) == ([1e-3, 1e-1], True)  # all positive, a 100x span
+    assert ablate.x_positions(["flat", "population"]) == ([0, 1], False)  # words: evenly spaced, in order
+    ablate.plot(["0", "8", "2"], [[1.0, 3.0, 2.0]] * 11, list(range(11)), "method.pilot_m", tmp_path / "plot")
+    figure = tmp_path / "plot.png"
+    assert figure.exists()
+
+
 @pytest.mark.slow
 def test_a_language_model_ablation_reads_the_held_out_records(tmp_path):
     sweep("maze", tmp_path, "method=maxrl", "optim.lr=3e-4,1e-3", "seed=0")
