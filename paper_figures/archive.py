@@ -31,6 +31,7 @@ import yaml
 from sera.numerics import NUMERICS_FILE
 from sera.runlog import (
     ARCHIVED_FILE,
+    BASE_FILE,
     CONFIG_FILE,
     DONE_FILE,
     EVAL_RECORD,
@@ -51,7 +52,7 @@ def is_evaluation_record(name: str) -> bool:
 
 def kept(name: str) -> bool:
     """The files of a run the archive keeps: what the tables and figures read."""
-    return name in (CONFIG_FILE, DONE_FILE, METRICS_FILE, NUMERICS_FILE) or is_evaluation_record(name)
+    return name in (CONFIG_FILE, DONE_FILE, METRICS_FILE, NUMERICS_FILE, BASE_FILE) or is_evaluation_record(name)
 
 
 def finished_runs(root: Path) -> list[Path]:

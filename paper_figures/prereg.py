@@ -26,7 +26,7 @@ from paper_figures import guard
 from paper_figures.render import write_table
 from paper_figures.runs import Run, load_runs
 from sera.passk import pass_at_k
-from sera.runlog import eval_record_file
+from sera.runlog import BASE_FILE, eval_record_file
 from sera.stats import seed_t_interval
 
 BASE = "base"  # a claim against the base model of the same seed
@@ -108,6 +108,17 @@ def runs_of(runs: list[Run], claim: Claim, method: str) -> dict[int, Run]:
     return {r.get("seed"): r for r in chosen if r.finished}
 
 
+def check_same_base(a: Run, b: Run) -> None:
+    """Refuse to pair two RL runs that recorded different base models (sera.runlog.BASE_FILE); runs made before the
+    record existed pass (what they started from is documented in the pre-registration's amendment 3)."""
+    paths = [run.path / BASE_FILE for run in (a, b)]
+    if all(p.exists() for p in paths):
+        first, second = (json.loads(p.read_text()) for p in paths)
+        if first != second:
+            raise ValueError(f"refusing to pair {a.path} and {b.path}: they started from different base models "
+                             f"({first} and {second})")  # fmt: skip
+
+
 def differences(
     runs: list[Run], claim: Claim, steps: tuple[int, ...], retrained: Sequence[Run] = ()
 ) -> dict[int, float]:
@@ -121,6 +132,7 @@ def differences(
         tested, against = again if seed in claim.retrained else main
         if seed not in tested or seed not in against:
             continue
+        check_same_base(tested[seed], against[seed])
         a = [record_passk(tested[seed], claim.eval_set, s, claim.k) for s in steps]
         b = [record_passk(against[seed], claim.eval_set, None if claim.against == BASE else s, claim.k) for s in steps]
         if None not in a and None not in b:

@@ -64,6 +64,7 @@ from sera.runlog import (
     eval_record_file,
     extend_run,
     finished_summary,
+    record_base,
 )
 
 
@@ -561,11 +562,13 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     return final
 
 
-def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads: int) -> dict:
+def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads: int, base=None) -> dict:
     """The prologue and epilogue of every LM study's RL run, called after validation: skip (or refuse) a finished
     run, build (model, task, engine) with prepare() (which may train a base model first), hold the run directory's
     lock while training, write DONE; with run.if_finished=extend, first let a shorter run continue to train.steps
-    (runlog.extend_run). Returns the final evaluation (or the finished run's summary)."""
+    (runlog.extend_run). `base`: the base model's run folder, recorded in the run's (runlog.record_base) so that the
+    tables pair only runs that started from the same model. Returns the final evaluation (or the finished run's
+    summary)."""
     config = OmegaConf.to_container(cfg, resolve=True)
     if cfg.run.if_finished == "extend":
         if world_info()[1] > 1:
@@ -583,6 +586,8 @@ def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads:
     if world_info()[0] != 0:  # data parallel: rank 0 holds the run directory
         return train(ms, ls, task, model, engine, None)
     with RunDir(out_dir, config, cfg.wandb) as run_dir:
+        if base is not None:
+            record_base(run_dir.path, base)
         final = train(ms, ls, task, model, engine, run_dir)
         run_dir.finish({"step": ls.steps, "threads": threads, **final})
     return final

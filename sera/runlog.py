@@ -23,6 +23,7 @@ from sera.identity import describe, differences
 # The file names of a run directory: the one place both sides of the contract (the loops that write, paper_figures
 # that reads) take them from.
 CONFIG_FILE = "config.yaml"  # the resolved config
+BASE_FILE = "base.json"  # LM studies: which base model an RL run started from (its folder and evaluation's hash)
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": ..., "train/...": ...}
 CHECKPOINT_FILE = "checkpoint.pt"
 DONE_FILE = "DONE"  # written last; holds the final summary
@@ -347,3 +348,31 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """All records of a metrics.jsonl file."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def base_identity(base: Path) -> dict:
+    """What identifies a base model run for pairing: its folder's name and a SHA-256 over its per-question evaluation
+    records (names and bytes, in name order), which an archived base keeps when its weights are gone."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    records = sorted(p for p in Path(base).iterdir() if EVAL_RECORD.fullmatch(p.name))
+    if not records:
+        raise FileNotFoundError(f"{base} holds no evaluation record to identify the base model by")
+    for path in records:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return {"base": Path(base).name, "eval_sha256": digest.hexdigest()}
+
+
+def record_base(run_path: Path, base: Path) -> None:
+    """Write the base model's identity into an RL run's folder (BASE_FILE); a resumed run that finds another base
+    there is refused, since its records so far were made from the other model."""
+    identity = base_identity(base)
+    path = Path(run_path) / BASE_FILE
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        if recorded != identity:
+            raise ValueError(f"{run_path} started from base model {recorded} and would continue from {identity}: "
+                             "remove the run to start it again from this base")  # fmt: skip
+        return
+    path.write_text(json.dumps(identity, indent=1) + "\n")

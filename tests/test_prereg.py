@@ -176,3 +176,31 @@ def test_the_committed_classification_claims_are_what_the_archive_gives(tmp_path
     assert (tmp_path / "out" / folder / "preregistered.md").read_text() == committed
     primary = [line for line in committed.splitlines() if "| primary" in line]
     assert len(primary) == 2 and all("| 8 of 8 |" in line for line in primary)
+
+
+def test_runs_from_different_base_models_are_not_paired(tmp_path):
+    """An RL run records the base model it started from (sera.runlog.BASE_FILE); the pre-registered table refuses to
+    pair two runs of a seed that recorded different ones, and pairs runs that recorded the same one."""
+    from paper_figures.prereg import check_same_base
+    from paper_figures.runs import load_runs
+    from sera.runlog import BASE_FILE, base_identity, record_base
+
+    base_a, base_b = tmp_path / "base_seed-0", tmp_path / "other" / "base_seed-0"
+    for base, text in ((base_a, "[1, 0]"), (base_b, "[0, 1]")):
+        base.mkdir(parents=True)
+        (base / "eval_step0_heldout.json").write_text(text)
+    assert base_identity(base_a)["base"] == base_identity(base_b)["base"] == "base_seed-0"
+    assert base_identity(base_a) != base_identity(base_b)  # same folder name, another model: the hash tells
+    root = tmp_path / "runs"
+    maze_run(root, "maxrl", 0, {800: [1, 2, 3, 4]})
+    maze_run(root, "sera", 0, {800: [1, 2, 3, 4]})
+    runs = {r.get("method.name"): r for r in load_runs(root / "maze-cpu")}
+    check_same_base(runs["sera"], runs["maxrl"])  # neither recorded one (the runs made before the record): paired
+    record_base(runs["maxrl"].path, base_a)
+    record_base(runs["sera"].path, base_a)
+    check_same_base(runs["sera"], runs["maxrl"])
+    (runs["sera"].path / BASE_FILE).write_text(json.dumps(base_identity(base_b)))
+    with pytest.raises(ValueError, match="different base models"):
+        check_same_base(runs["sera"], runs["maxrl"])
+    with pytest.raises(ValueError, match="started from base model"):
+        record_base(runs["sera"].path, base_a)  # a resumed run refuses to continue from another base

@@ -233,7 +233,7 @@ def run(cfg: DictConfig) -> dict:
         task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)
         return model, task, engine
 
-    return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads)
+    return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads, base)
 
 
 def report(final: dict) -> None:

@@ -94,7 +94,8 @@ def run(cfg: DictConfig) -> dict:
                         cfg.task.get("pool_order", "step"), cfg.train.batch_size)  # fmt: skip
         return model, task, make_engine(cfg, model, base, maze.DONE_ID, maze.PAD_ID)
 
-    return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads)
+    base = base_path(root, cfg, base_run_config)
+    return run_rl(cfg, settings, loop, root / run_name(cfg, settings), prepare, threads, base)
 
 
 if __name__ == "__main__":
