@@ -105,10 +105,13 @@ def waterline(p_hat, budget: int, n_min: int, n_max: int, delta: float = 1, retu
     _check_waterline_inputs(p_hat, budget, n_min, n_max, delta)
     a = -np.log1p(-p_hat)  # c(p, n) = 1 - exp(-a (n - delta)): rank by a (n - delta), which does not saturate at 1
     n = _maxmin_counts(a, int(budget), int(n_min), int(n_max), delta)
+    continuous = None  # the continuous solution, computed once when the tie path or tau needs it
     if not _boundary_is_clear(a, n, n_min, n_max, delta):
-        n = _legacy_greedy(p_hat, a, budget, n_min, n_max, delta)
+        continuous = continuous_waterline(p_hat, budget, n_min, n_max, delta)
+        n = _legacy_greedy(a, continuous[0], budget, n_min, n_max, delta)
     if return_tau:
-        return n, float(-np.expm1(-continuous_waterline(p_hat, budget, n_min, n_max, delta)[1]))
+        lam = (continuous or continuous_waterline(p_hat, budget, n_min, n_max, delta))[1]
+        return n, float(-np.expm1(-lam))
     return n
 
 
@@ -191,12 +194,11 @@ def _boundary_is_clear(a: np.ndarray, n: np.ndarray, n_min: int, n_max: int, del
     return float(np.max(a[given] * (n[given] - 1 - delta))) < float(np.min(a[left] * (n[left] - delta))) * (1 - 1e-12)
 
 
-def _legacy_greedy(p_hat, a, budget, n_min, n_max, delta) -> np.ndarray:
+def _legacy_greedy(a, n_cont, budget, n_min, n_max, delta) -> np.ndarray:
     """The suite's original integer completion, kept for ties: floors of the continuous waterline, a batched greedy,
     and a second greedy from the smallest allocation reaching the first pass's max-min level. Its order among equal
     values comes from np.argpartition, so only this code reproduces it; it is slow (O(B^2)) only when a wide spread of
-    p_hat meets a tie at the end of the budget."""
-    n_cont, _ = continuous_waterline(p_hat, budget, n_min, n_max, delta)
+    p_hat meets a tie at the end of the budget. n_cont: the continuous waterline's solution."""
     floors = np.where(n_cont >= n_max, n_max, np.maximum(np.floor(n_cont - _FLOOR_EPS), n_min)).astype(np.int64)
     first = _greedy_fill(a, floors, budget, n_max, delta)
     level = float(np.min(a * np.maximum(first - delta, 0)))
@@ -235,7 +237,9 @@ def _greedy_fill(a: np.ndarray, start: np.ndarray, budget: int, n_max: int, delt
 def mixed_probability(p, n) -> np.ndarray:
     """P(0 < K < n) for K ~ Binomial(n, p): the chance that a group of n rollouts holds a success and a failure, so
     that its MaxRL advantages are not all zero. Computed as the definition 1 - (1 - p)^n - p^n, clipped to [0, 1] (the
-    authors' form: the active set's ranking and threshold then see the same floats as theirs); 0 where n = 0."""
+    authors' form: the active set's ranking and threshold then see the same floats as theirs); 0 where n = 0.
+    sera.sequential.mixed_probability is the same quantity for a group already partly drawn, subtracting in another
+    order, which can differ in the last bit: the authors' rule keeps this one."""
     p = np.asarray(p, dtype=np.float64)
     n = np.broadcast_to(np.asarray(n, dtype=np.int64), p.shape)
     out = np.zeros(p.shape)
