@@ -400,9 +400,9 @@ PREREG_HEADER = ["claim", "endpoint", "seeds", "difference (pp) [seed 95% t]", "
 
 
 def registered(run: Run, name: str, n0: int) -> bool:
-    """A run of the registered rows: the method at n0, its default p_hat source, the default active set."""
-    return (run.get("method.name") == name and run.get("n0") == n0 and not variant(run)
-            and run.get("alloc.threshold") is None and (run.path / "DONE").exists())  # fmt: skip
+    """A finished run of the registered rows: the method at n0, with no variant (its default p_hat source and, for
+    the authors' rule, the default active set)."""
+    return run.get("method.name") == name and run.get("n0") == n0 and not variant(run) and run.finished
 
 
 def classification_prereg(runs_root: Path, scale: str = "gauss1000", out_root: Path = OUT,
