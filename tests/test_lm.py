@@ -162,12 +162,13 @@ def settings(cfg):
     return MethodSettings.from_config(cfg, Study("toy")), LoopSettings.from_config(cfg)
 
 
-def run_toy(cfg, path, model=None):
-    """Train the toy task into run directory `path`; returns (final metrics, records without time/ keys)."""
+def run_toy(cfg, path, model=None, task=None):
+    """Train the toy task (or `task`) into run directory `path`; returns (final metrics, records without time/
+    keys)."""
     model = model or tiny_model()
     ms, ls = settings(cfg)
     with RunDir(path, {"method": cfg.method.name}) as run_dir:
-        final = train(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), run_dir)
+        final = train(ms, ls, task or ToyTask(), model, HFEngine(model, EOS, PAD), run_dir)
         records = read_jsonl(run_dir.metrics_file)
     return final, [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
@@ -583,18 +584,25 @@ def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch, method, est
     """A batch allocator and a sequential one (its DPS predictor is part of the checkpoint) resume exactly."""
     cfg = loop_cfg(method, estimator, m, steps=4)
     _, reference = run_toy(cfg, tmp_path / "a")
+    resumed = killed_then_resumed(monkeypatch, 3, lambda: run_toy(cfg, tmp_path / "b"))
+    assert resumed[1] == reference  # resumed from the checkpoint written after step 1
+
+
+def killed_then_resumed(monkeypatch, step: int, run):
+    """run() killed as it logs `step` (KeyboardInterrupt, before that step's record), then run() again to the end;
+    returns what the second call returns."""
     original = RunDir.log
 
-    def crash_at_step_3(self, step, metrics):
-        if step == 3:
+    def crash(self, at, metrics):
+        if at == step:
             raise KeyboardInterrupt("simulated kill")
-        original(self, step, metrics)
+        original(self, at, metrics)
 
-    monkeypatch.setattr(RunDir, "log", crash_at_step_3)
+    monkeypatch.setattr(RunDir, "log", crash)
     with pytest.raises(KeyboardInterrupt):
-        run_toy(cfg, tmp_path / "b")
+        run()
     monkeypatch.setattr(RunDir, "log", original)
-    assert run_toy(cfg, tmp_path / "b")[1] == reference  # resumed from the checkpoint written after step 1
+    return run()
 
 
 class EpochToyTask(ToyTask):
@@ -608,35 +616,17 @@ class EpochToyTask(ToyTask):
         return ids, [[1, 2 + int(i) % 7, 3 + int(i) // 7] for i in ids]
 
 
-def run_epochs(cfg, path, task):
-    model = tiny_model()
-    ms, ls = settings(cfg)
-    with RunDir(path, {"method": cfg.method.name}) as run_dir:
-        train(ms, ls, task, model, HFEngine(model, EOS, PAD), run_dir)
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run_dir.metrics_file)]
-
-
 def test_the_authors_rule_is_uniform_for_an_epoch_then_reads_the_beta_history_and_resumes(tmp_path, monkeypatch):
     cfg = loop_cfg("sera_authors", None, 0, steps=8)
     assert settings(cfg)[0].estimator == "beta"  # the language models' default: no exact p
-    reference = run_epochs(cfg, tmp_path / "a", EpochToyTask())
+    _, reference = run_toy(cfg, tmp_path / "a", task=EpochToyTask())
     assert all(r["alloc/rollouts"] == r["alloc/budget"] == 32 for r in reference)
     assert all("alloc/active" not in r and r["alloc/n_min"] == r["alloc/n_max"] == 8 for r in reference[:4])
     assert all(1 <= r["alloc/active"] <= 4 for r in reference[4:])  # epoch 1: every prompt has an estimate
-    original = RunDir.log
-
-    def crash_at_step_6(self, step, metrics):
-        if step == 6:
-            raise KeyboardInterrupt("simulated kill")
-        original(self, step, metrics)
-
-    monkeypatch.setattr(RunDir, "log", crash_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        run_epochs(cfg, tmp_path / "b", EpochToyTask())
-    monkeypatch.setattr(RunDir, "log", original)
-    assert run_epochs(cfg, tmp_path / "b", EpochToyTask()) == reference  # the history's state in the checkpoint
+    resumed = killed_then_resumed(monkeypatch, 6, lambda: run_toy(cfg, tmp_path / "b", task=EpochToyTask()))
+    assert resumed[1] == reference  # the history's state in the checkpoint
 
 
 def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):
     with pytest.raises(ValueError, match="read in epochs"):
-        run_epochs(loop_cfg("sera_authors", None, 0, steps=2), tmp_path / "a", ToyTask())
+        run_toy(loop_cfg("sera_authors", None, 0, steps=2), tmp_path / "a")
