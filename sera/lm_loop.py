@@ -315,7 +315,9 @@ def rl_step(
     p_hat_source = (
         (lambda: history.estimate(first) if history.has_data else None) if ms.estimator == "history" else None
     )
-    if ms.estimator == "beta":  # the authors' history: a new epoch folds the last one in and freezes the estimates
+    if ms.estimator == "beta":  # the authors' history: a new epoch folds the last one in and freezes the estimates.
+        # A step belongs to the epoch of its first prompt; where the set is not a multiple of B, the one step that
+        # runs into the next epoch reads those prompts from the ending epoch's snapshot (docs/design.md section 3)
         while history.epoch < step * ls.batch_size // task.num_prompts:
             history.start_epoch()
         p_hat_source = lambda: history.estimate(first)  # noqa: E731
@@ -489,11 +491,10 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
     history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
     if ms.estimator == "beta":
-        if not task.num_prompts or task.num_prompts % ls.batch_size or not getattr(task, "epoch_order", False):
+        if not task.num_prompts or not getattr(task, "epoch_order", False):
             raise ValueError(
-                f"the Beta history needs a fixed training set read in epochs whose size is a multiple of the batch "
-                f"({task.num_prompts} prompts, B = {ls.batch_size}; the maze: task.pool_order=epoch), so that no "
-                "step mixes epochs and every prompt has an estimate after the first epoch"
+                f"the Beta history needs a fixed training set read in epochs ({task.num_prompts or 'no'} fixed "
+                "prompts; the maze: task.pool_size and task.pool_order=epoch), so that every prompt recurs once an epoch"
             )
         history = BetaHistory(task.num_prompts)
     seq_state = sequential_state(ms, task.num_prompts)  # DPS's predictor, SARA's prior: carried across steps

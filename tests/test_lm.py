@@ -627,6 +627,27 @@ def test_the_authors_rule_is_uniform_for_an_epoch_then_reads_the_beta_history_an
     assert resumed[1] == reference  # the history's state in the checkpoint
 
 
+class RaggedEpochToyTask(ToyTask):
+    """14 prompts read in epochs of a fixed order with B = 4: step 3 reads positions 12-15, the last two of epoch 0
+    and the first two of epoch 1, as tiny-math's 5,500 problems do at B = 32."""
+
+    epoch_order, num_prompts = True, 14
+
+    def train_prompts(self, step, batch, start=0):
+        ids = (step * 4 + np.arange(start, start + batch)) % self.num_prompts
+        return ids, [[1, 2 + int(i) % 7, 3 + int(i) // 7] for i in ids]
+
+
+def test_the_beta_history_reads_a_set_that_is_not_a_multiple_of_the_batch_by_the_epoch_of_each_steps_first_prompt(
+    tmp_path,
+):
+    _, records = run_toy(loop_cfg("sera_authors", None, 0, steps=6), tmp_path / "a", task=RaggedEpochToyTask())
+    # steps 0-3 start in epoch 0, whose snapshot is empty: uniform, the step that runs into epoch 1 included
+    assert all("alloc/active" not in r and r["alloc/n_min"] == r["alloc/n_max"] == 8 for r in records[:4])
+    # step 4 starts epoch 1 (position 16 // 14 = 1): all 14 prompts were seen in steps 0-3, so it allocates
+    assert all(1 <= r["alloc/active"] <= 4 and r["alloc/rollouts"] == 32 for r in records[4:])
+
+
 def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):
     with pytest.raises(ValueError, match="read in epochs"):
         run_toy(loop_cfg("sera_authors", None, 0, steps=2), tmp_path / "a")

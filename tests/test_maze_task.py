@@ -242,6 +242,7 @@ def test_the_pool_in_epochs_shows_every_maze_once_an_epoch_and_step_order_is_unc
     [
         ([], "MaxRL under SERA's name"),  # fresh mazes every step: the history would never have an estimate
         (["task.pool_order=epoch"], "pool_order must be step or epoch"),  # epochs of what: no pool
+        (["task.pool_size=40"], "pool_order=epoch"),  # a pool, but each step its own order: no epochs
     ],
 )
 def test_the_authors_rule_on_the_maze_needs_a_pool_read_in_epochs(overrides, match):

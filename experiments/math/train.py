@@ -95,11 +95,6 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
             raise ValueError(f"data.num_heldout must lie in [1, {HELDOUT_POOL}], got {data.num_heldout}")
         if not cfg.train.batch_size <= data.num_train < EVAL_ID_BASE:
             raise ValueError(f"data.num_train={data.num_train} must be >= train.batch_size={cfg.train.batch_size}")
-        if settings.estimator == "beta" and data.num_train % cfg.train.batch_size:
-            raise ValueError(
-                f"the Beta history reads the training set in epochs of whole steps: data.num_train={data.num_train} "
-                f"must be a multiple of train.batch_size={cfg.train.batch_size}"
-            )
     else:
         if data.train is None or not data.eval:
             raise ValueError("set data.family (generated problems), or data.train and data.eval {name: dataset}")
