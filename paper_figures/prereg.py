@@ -26,7 +26,7 @@ from paper_figures import guard
 from paper_figures.render import write_table
 from paper_figures.runs import Run, load_runs
 from sera.passk import pass_at_k
-from sera.runlog import BASE_FILE, eval_record_file
+from sera.runlog import BASE_FILE, base_identity, eval_record_file
 from sera.stats import seed_t_interval
 
 BASE = "base"  # a claim against the base model of the same seed
@@ -108,15 +108,25 @@ def runs_of(runs: list[Run], claim: Claim, method: str) -> dict[int, Run]:
     return {r.get("seed"): r for r in chosen if r.finished}
 
 
+def base_of(run: Run) -> dict | None:
+    """The base model an RL run started from: its own record (sera.runlog.BASE_FILE), or, for a run made before the
+    record existed, the base model its folder holds for its seed (the one it was trained from: amendment 3); None
+    where neither is there."""
+    recorded = run.path / BASE_FILE
+    if recorded.exists():
+        return json.loads(recorded.read_text())
+    folder_base = run.path.parent / f"base_seed-{run.get('seed')}"
+    return base_identity(folder_base) if folder_base.is_dir() else None
+
+
 def check_same_base(a: Run, b: Run) -> None:
-    """Refuse to pair two RL runs that recorded different base models (sera.runlog.BASE_FILE); runs made before the
-    record existed pass (what they started from is documented in the pre-registration's amendment 3)."""
-    paths = [run.path / BASE_FILE for run in (a, b)]
-    if all(p.exists() for p in paths):
-        first, second = (json.loads(p.read_text()) for p in paths)
-        if first != second:
-            raise ValueError(f"refusing to pair {a.path} and {b.path}: they started from different base models "
-                             f"({first} and {second})")  # fmt: skip
+    """Refuse to pair two RL runs that started from different base models (`base_of`): a new run, trained from a base
+    model trained again on another machine, against an archived run of the same seed is refused unless the retrained
+    base reproduced the archived one's evaluation records."""
+    first, second = base_of(a), base_of(b)
+    if first is not None and second is not None and first != second:
+        raise ValueError(f"refusing to pair {a.path} and {b.path}: they started from different base models "
+                         f"({first} and {second})")  # fmt: skip
 
 
 def differences(

@@ -195,7 +195,17 @@ def test_runs_from_different_base_models_are_not_paired(tmp_path):
     maze_run(root, "maxrl", 0, {800: [1, 2, 3, 4]})
     maze_run(root, "sera", 0, {800: [1, 2, 3, 4]})
     runs = {r.get("method.name"): r for r in load_runs(root / "maze-cpu")}
-    check_same_base(runs["sera"], runs["maxrl"])  # neither recorded one (the runs made before the record): paired
+    check_same_base(runs["sera"], runs["maxrl"])  # neither recorded one and the folder has no base: paired
+    folder_base = root / "maze-cpu" / "base_seed-0"
+    folder_base.mkdir()
+    (folder_base / "eval_step0_heldout.json").write_text("[1, 0]")
+    record_base(runs["sera"].path, base_b)  # trained again elsewhere, against a run from before the record:
+    with pytest.raises(ValueError, match="different base models"):  # that run stands for its folder's base
+        check_same_base(runs["sera"], runs["maxrl"])
+    (runs["sera"].path / BASE_FILE).unlink()
+    record_base(runs["sera"].path, folder_base)  # a base trained again that reproduced the folder's records
+    check_same_base(runs["sera"], runs["maxrl"])
+    (runs["sera"].path / BASE_FILE).unlink()
     record_base(runs["maxrl"].path, base_a)
     record_base(runs["sera"].path, base_a)
     check_same_base(runs["sera"], runs["maxrl"])
