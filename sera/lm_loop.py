@@ -494,7 +494,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         if not task.num_prompts or not getattr(task, "epoch_order", False):
             raise ValueError(
                 f"the Beta history needs a fixed training set read in epochs ({task.num_prompts or 'no'} fixed "
-                "prompts; the maze: task.pool_size and task.pool_order=epoch), so that every prompt recurs once an epoch"
+                "prompts; the maze: task.pool_size and task.pool_order=epoch), so that each prompt recurs an epoch"
             )
         history = BetaHistory(task.num_prompts)
     seq_state = sequential_state(ms, task.num_prompts)  # DPS's predictor, SARA's prior: carried across steps
