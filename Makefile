@@ -167,6 +167,9 @@ IF_FINISHED ?= skip
 # `make reproduce-maze MAZE_SEEDS=5-11 AGGREGATIONS=token-mean BASELINES=`, two such commands side by side.
 AGGREGATIONS ?= token-mean,seqnorm
 BASELINES ?= 1
+# The SERA that a maze or math grid runs beside MaxRL: sera (the suite's pilot rule, claims C1-C4) or sera_authors
+# (the authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool)
+SERA ?= sera
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
@@ -175,7 +178,7 @@ reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASE
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE),$(call seeds,$(MAZE_SEEDS)))
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
-	$(MAZE) scale=maze/$(SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MAZE_SEEDS))
+	$(MAZE) scale=maze/$(SCALE) method=maxrl,$(SERA) method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MAZE_SEEDS))
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
@@ -205,7 +208,7 @@ ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper
 else
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=$(MATH_BASELINES) seed=$(call seeds,$(MATH_SEEDS)))
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(call seeds,$(MATH_SEEDS)))
-	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MATH_SEEDS))
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,$(SERA) method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MATH_SEEDS))
 endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)

@@ -62,6 +62,17 @@ def test_reproduce_maze_runs_the_baselines_it_names_and_nothing_else(baselines, 
     assert stray(lines) == []
 
 
+@pytest.mark.parametrize("study", ["maze", "math"])
+def test_sera_names_the_rule_a_grid_runs_beside_maxrl(study):
+    """SERA=sera_authors: the authors' rule's grids (claims C5, C6); the maze's at its fixed pool (cpu_pool)."""
+    scale = "cpu_pool" if study == "maze" else "cpu"
+    seeds = f"{study.upper()}_SEEDS=8-9"
+    lines = dry_run(f"reproduce-{study}", f"SCALE={scale}", seeds, "BASELINES=", "AGGREGATIONS=token-mean",
+                    "SERA=sera_authors")  # fmt: skip
+    assert trained(lines, study) == [("maxrl,sera_authors", "8,9")]
+    assert any(f"scale={study}/{scale}" in line for line in lines if f"experiments.{study}.train" in line)
+
+
 def test_reproduce_sara_runs_every_arm_on_the_studies_named():
     lines = dry_run("reproduce-sara", "SARA_STUDIES=imagenet,math", "SARA_SEEDS=0,1")
     arms = "grpo,maxrl,ds,dps,sara,sara+dps,sara+sera,sara+maxrl"
