@@ -26,8 +26,8 @@ from paper_figures import guard
 from paper_figures.render import write_table
 from paper_figures.runs import Run, load_runs
 from sera.passk import pass_at_k
-from sera.runlog import BASE_FILE, base_identity, eval_record_file
-from sera.stats import seed_t_interval
+from sera.runlog import BASE_FILE, DONE_FILE, base_identity, eval_record_file
+from sera.stats import seed_t_interval, seeds_for_power
 
 BASE = "base"  # a claim against the base model of the same seed
 # Seeds whose base model the archive holds as records only run, with every run their rows pair, in a folder of their
@@ -56,6 +56,20 @@ class Claim:
     paper: float | None = None  # the paper's effect at its matching K, pp
     retrained: tuple[int, ...] = ()  # seeds read from the RETRAINED folder (their base model trained again)
     claimed: int = +1  # the sign the claim states: +1 above zero (SERA above MaxRL), -1 below (a loss)
+    scale: str | None = None  # the runs' folder is <study>-<scale>; None: the table's scale
+
+
+@dataclass(frozen=True)
+class PowerPlan:
+    """How many seeds a claim gets (PREREGISTRATION_AUTHORS.md, fixed before its exploratory seeds ran): enough for
+    80% power of the seed-level t-test at the effect the pilot rule's decided claim (`reference`) measured, with the
+    larger of the two SDs (the exploratory seeds' differences, the reference claim's), never fewer than `minimum`
+    and never more than `cap` (then the claim is run at the cap and said to be underpowered)."""
+
+    claim: Claim  # the claim sized, its seeds the exploratory ones
+    reference: str  # the name of the decided claim whose effect and SD are read
+    minimum: int
+    cap: int
 
 
 MAZE = {"study": "maze", "eval_set": "heldout", "final": 800, "secondary": (600, 700, 800)}
@@ -82,6 +96,35 @@ CLAIMS = (
     Claim("R2 math DARS-HW minus MaxRL, Pass@128", **MATH, tested="dars_hw", against="maxrl",
           aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13, claimed=-1),
 )  # fmt: skip
+
+# The authors' rule (PREREGISTRATION_AUTHORS.md): each claim's exploratory seeds and how they size it. Its seeds are
+# the first `seeds` from the exploratory ones on (their number from `python -m paper_figures.prereg power C5|C6`).
+POWER_PLANS = {
+    "C5": PowerPlan(Claim("C5 maze token-mean, the authors' SERA", **MAZE, tested="sera_authors", against="maxrl",
+                          aggregation="token-mean", k=32, seeds=(0, 1, 2), paper=3.70, scale="cpu_pool"),
+                    reference="C1 maze token-mean", minimum=12, cap=24),
+    "C6": PowerPlan(Claim("C6 math token-mean, the authors' SERA", **MATH, tested="sera_authors", against="maxrl",
+                          aggregation="token-mean", k=16, seeds=(5, 6, 7), paper=5.54),
+                    reference="C3 math token-mean", minimum=20, cap=40),
+}  # fmt: skip
+
+
+def power_plan(runs: list[Run], plan: PowerPlan, reference_runs: list[Run]) -> dict:
+    """The seed count `plan` asks for, with every number behind it."""
+    reference = next(c for c in CLAIMS if c.name == plan.reference)
+    explored = differences(runs, plan.claim, (plan.claim.final,))
+    decided = differences(reference_runs, reference, (reference.final,))
+    if len(explored) < len(plan.claim.seeds) or len(decided) < len(reference.seeds):
+        raise ValueError(f"{plan.claim.name}: {len(explored)} of the exploratory seeds {plan.claim.seeds} and "
+                         f"{len(decided)} of {reference.name}'s {len(reference.seeds)} seeds are in")  # fmt: skip
+    effect = float(np.mean(list(decided.values())))
+    sd_explored, sd_reference = (float(np.std(list(d.values()), ddof=1)) for d in (explored, decided))
+    sd = max(sd_explored, sd_reference)
+    needed = seeds_for_power(effect, sd, cap=plan.cap)
+    return {"claim": plan.claim.name, "exploratory": explored, "sd_exploratory": sd_explored,
+            "reference": reference.name, "effect": effect, "sd_reference": sd_reference, "sd": sd,
+            "needed": needed, "seeds": plan.cap if needed is None else max(plan.minimum, needed),
+            "underpowered": needed is None}  # fmt: skip
 
 
 def record_passk(run: Run, eval_set: str, step: int | None, k: int) -> float | None:
@@ -116,7 +159,7 @@ def base_of(run: Run) -> dict | None:
     if recorded.exists():
         return json.loads(recorded.read_text())
     folder_base = run.path.parent / f"base_seed-{run.get('seed')}"
-    return base_identity(folder_base) if folder_base.is_dir() else None
+    return base_identity(folder_base) if (folder_base / DONE_FILE).exists() else None
 
 
 def check_same_base(a: Run, b: Run) -> None:
@@ -208,14 +251,31 @@ def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> 
 
 
 def prereg_table(runs_root: Path, scale: str = "cpu") -> tuple[list[str], list[list[str]]]:
-    def both(root: Path) -> list[Run]:
-        return load_runs(root / f"maze-{scale}") + load_runs(root / f"math-{scale}")
+    rows = []
+    for claim in CLAIMS:
+        folder = f"{claim.study}-{claim.scale or scale}"
+        rows += claim_rows(load_runs(runs_root / folder), claim, load_runs(runs_root / RETRAINED / folder))
+    return HEADER, rows
 
-    runs, retrained = both(runs_root), both(runs_root / RETRAINED)
-    return HEADER, [row for claim in CLAIMS for row in claim_rows(runs, claim, retrained)]
+
+def power(argv) -> None:
+    parser = argparse.ArgumentParser(description="the seed count a claim's power plan asks for")
+    parser.add_argument("claim", choices=sorted(POWER_PLANS))
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    args = parser.parse_args(argv)
+    plan = POWER_PLANS[args.claim]
+    reference = next(c for c in CLAIMS if c.name == plan.reference)
+    folder = lambda c: args.runs / f"{c.study}-{c.scale or 'cpu'}"  # noqa: E731
+    out = power_plan(load_runs(folder(plan.claim)), plan, load_runs(folder(reference)))
+    print(json.dumps(out, indent=1))
 
 
 def main(argv=None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["power"]:
+        return power(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=OUT, help="where the table is built")

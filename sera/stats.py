@@ -62,3 +62,26 @@ def seed_t_interval(diffs, level: float = 0.95) -> BootstrapCI:
     if d.ndim == 1:
         return BootstrapCI(float(mean), float(mean - half), float(mean + half))
     return BootstrapCI(mean, mean - half, mean + half)
+
+
+def paired_t_power(effect: float, sd: float, seeds: int, level: float = 0.95) -> float:
+    """Power of the seed-level two-sided t-test (`seed_t_interval` excluding zero) at `seeds` seeds, when the per-seed
+    differences have mean `effect` and standard deviation `sd`: P(|T| > t_{(1+level)/2, S-1}) under the noncentral
+    t with S - 1 degrees of freedom and noncentrality effect * sqrt(S) / sd."""
+    from scipy.stats import nct, t
+
+    if seeds < 2 or not sd > 0 or not np.isfinite(effect):
+        raise ValueError(f"power needs seeds >= 2, sd > 0 and a finite effect; got {seeds}, {sd}, {effect}")
+    df, noncentrality = seeds - 1, effect * np.sqrt(seeds) / sd
+    critical = t.ppf((1 + level) / 2, df)
+    return float(nct.sf(critical, df, noncentrality) + nct.cdf(-critical, df, noncentrality))
+
+
+def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float = 0.95, cap: int = 1000) -> int | None:
+    """The fewest seeds (>= 2) at which `paired_t_power` reaches `power`; None when not even `cap` seeds do."""
+    if not 0 < power < 1:
+        raise ValueError(f"power must lie in (0, 1), got {power}")
+    for seeds in range(2, cap + 1):
+        if paired_t_power(effect, sd, seeds, level) >= power:
+            return seeds
+    return None

@@ -103,3 +103,21 @@ def test_seed_t_interval_covers_the_mean_95_percent_of_the_time():
     draws = rng.normal(1.0, 2.0, size=(4000, 5))  # 4000 experiments of 5 seeds each
     hits = [(lambda c: c.low <= 1.0 <= c.high)(seed_t_interval(d)) for d in draws]
     assert 0.935 <= np.mean(hits) <= 0.965
+
+
+@pytest.mark.parametrize(("d", "seeds"), [(0.2, 199), (0.5, 34), (0.8, 15)])
+def test_seeds_for_power_match_the_published_one_sample_t_sample_sizes(d, seeds):
+    """Cohen's tables (and G*Power's one-sample t-test, two-sided, alpha 0.05, power 0.8) give 199, 34 and 15."""
+    from sera.stats import paired_t_power, seeds_for_power
+
+    assert seeds_for_power(d * 3.0, 3.0) == seeds  # only effect / sd matters
+    assert paired_t_power(d, 1.0, seeds) >= 0.8 > paired_t_power(d, 1.0, seeds - 1)
+    assert paired_t_power(-d, 1.0, seeds) == pytest.approx(paired_t_power(d, 1.0, seeds))  # two-sided
+
+
+def test_power_refuses_what_it_cannot_compute():
+    from sera.stats import paired_t_power, seeds_for_power
+
+    with pytest.raises(ValueError, match="seeds >= 2"):
+        paired_t_power(1.0, 0.0, 10)
+    assert seeds_for_power(0.01, 10.0, cap=40) is None

@@ -3,6 +3,7 @@ the three-way decision withheld until every registered seed is in, and the commi
 
 import csv
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -199,6 +200,10 @@ def test_runs_from_different_base_models_are_not_paired(tmp_path):
     folder_base = root / "maze-cpu" / "base_seed-0"
     folder_base.mkdir()
     (folder_base / "eval_step0_heldout.json").write_text("[1, 0]")
+    record_base(runs["sera"].path, base_b)
+    check_same_base(runs["sera"], runs["maxrl"])  # the folder's base still training (no DONE): nothing to compare
+    (runs["sera"].path / BASE_FILE).unlink()
+    (folder_base / DONE_FILE).write_text("{}")
     record_base(runs["sera"].path, base_b)  # trained again elsewhere, against a run from before the record:
     with pytest.raises(ValueError, match="different base models"):  # that run stands for its folder's base
         check_same_base(runs["sera"], runs["maxrl"])
@@ -214,3 +219,34 @@ def test_runs_from_different_base_models_are_not_paired(tmp_path):
         check_same_base(runs["sera"], runs["maxrl"])
     with pytest.raises(ValueError, match="started from base model"):
         record_base(runs["sera"].path, base_a)  # a resumed run refuses to continue from another base
+
+
+def test_a_power_plan_takes_the_larger_sd_and_keeps_to_its_minimum_and_cap(tmp_path, monkeypatch):
+    """The reference claim (MaxRL and SERA at seeds 0-2) measured +12.5 pp with SD 6.25; the exploratory seeds 3-5
+    of the authors' rule decide which SD sizes the plan."""
+    from sera.stats import seeds_for_power
+
+    monkeypatch.setattr(prereg, "CLAIMS", (CLAIM,))
+    root = tmp_path / "runs"
+    for seed, extra in enumerate((16, 32, 48)):  # Pass@1 differences 16, 32, 48 / 256 = 6.25, 12.5, 18.75 pp
+        maze_run(root, "maxrl", seed, steps([10, 10, 10, 10]))
+        maze_run(root, "sera", seed, steps([10 + extra, 10, 10, 10]))
+
+    def plan_for(explored, minimum=2, cap=40):
+        for seed, extra in zip((3, 4, 5), explored, strict=True):
+            for method, first in (("maxrl", 32), ("sera_authors", 32 + extra)):
+                shutil.rmtree(root / "maze-cpu" / f"{method}_seed-{seed}", ignore_errors=True)
+                maze_run(root, method, seed, steps([first, 10, 10, 10]))
+        plan = prereg.PowerPlan(replace(CLAIM, name="X", tested="sera_authors", seeds=(3, 4, 5), new_seeds=()),
+                                reference=CLAIM.name, minimum=minimum, cap=cap)  # fmt: skip
+        runs = load_runs(root / "maze-cpu")
+        return prereg.power_plan(runs, plan, runs)
+
+    calm = plan_for((30, 32, 32))  # SD 1.2 pp: the reference's 6.25 sizes it
+    assert calm["effect"] == pytest.approx(12.5) and calm["sd"] == pytest.approx(6.25)
+    assert calm["seeds"] == calm["needed"] == seeds_for_power(12.5, 6.25) < 12
+    assert plan_for((30, 32, 32), minimum=12)["seeds"] == 12
+    noisy = plan_for((-30, 0, 30))  # SD 11.7 pp: larger, so more seeds
+    assert noisy["sd"] == pytest.approx(30 / 2.56) and noisy["seeds"] > calm["seeds"]
+    hopeless = plan_for((-30, 0, 30), cap=calm["seeds"])
+    assert hopeless["underpowered"] and hopeless["seeds"] == calm["seeds"] and hopeless["needed"] is None
