@@ -1,6 +1,7 @@
 """SERA and MaxRL inside TRL: `SERAGRPOTrainer`, a `trl.GRPOTrainer` (trl 1.16) that allocates rollouts per prompt.
 
-A researcher swaps the trainer and the config class and keeps the rest of a GRPO script (README "SERA inside TRL"):
+A researcher swaps the trainer and the config class and keeps the rest of a GRPO script (README "SERA inside TRL");
+`method="sera_authors"` runs the authors' rule (active set, their Beta history over epochs; docs/trl.md):
 
     from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
     args = SERAGRPOConfig(output_dir="out", num_generations=16, pilot_m=8, loss_type="dapo", beta=0.0)
@@ -39,12 +40,12 @@ from trl import GRPOConfig, GRPOTrainer
 from sera.advantages import ADVANTAGES
 from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics
-from sera.estimation import P_HI, P_LO, HistoricalEstimator
+from sera.estimation import P_HI, P_LO, BetaHistory, HistoricalEstimator
 from sera.methods import MethodSettings, Study
 
 TESTED_TRL = "1.16."  # the TRL minor version whose private methods this module overrides
-STUDY = Study("trl", estimators=("none", "pilot", "history"), repeated_prompts=True, sequential=False)
-METHODS = ("sera", "maxrl")  # the registry rows this trainer runs (sera.methods.METHODS)
+STUDY = Study("trl", estimators=("none", "pilot", "history", "beta"), repeated_prompts=True, sequential=False)
+METHODS = ("sera", "sera_authors", "maxrl")  # the registry rows this trainer runs (sera.methods.METHODS)
 
 # TRL loss type -> the suite's aggregation (sera.losses) its normalisation equals, on the step's rows. A per-row
 # weight folded into the advantage is exact for the policy term of each (linear in A; clipping and masking depend
@@ -81,11 +82,15 @@ class SERAGRPOConfig(GRPOConfig):
 
     method: str = field(
         default="sera",
-        metadata={"help": "sera (waterline allocation, MaxRL advantage, n0 / n_i weights) | maxrl (n0 each)"},
-    )
+        metadata={"help": "sera (the suite's rule: waterline over every prompt, MaxRL advantage, n0 / n_i weights) | "
+                  "sera_authors (the authors' rule: active set, n_min 2, n_max 4 n0, their Beta history) | maxrl "
+                  "(n0 each)"},
+    )  # fmt: skip
     estimator: str | None = field(
-        default=None, metadata={"help": "p_hat source for sera: pilot | history (null: pilot for sera, none for maxrl)"}
-    )
+        default=None,
+        metadata={"help": "p_hat source: pilot | history (sera) | beta (sera_authors); null: pilot for sera, beta "
+                  "for sera_authors, none for maxrl"},
+    )  # fmt: skip
     pilot_m: int | None = field(
         default=None, metadata={"help": "pilots per prompt, reused inside the budget (null: 8 with estimator=pilot)"}
     )
@@ -103,8 +108,14 @@ class SERAGRPOConfig(GRPOConfig):
         default="none",
         metadata={"help": "must stay 'none': MaxRL's advantage normalises by the group's mean reward, never its std"},
     )
+    active_threshold: float | None = field(
+        default=None,
+        metadata={"help": "sera_authors: a prompt is active when P(0 < successes < n_max) is at least this (null: "
+                  "their 0.05; 0: every prompt active)"},
+    )  # fmt: skip
     prompt_id_column: str = field(
-        default="prompt_id", metadata={"help": "estimator=history: the dataset column that identifies a prompt"}
+        default="prompt_id",
+        metadata={"help": "estimator=history or beta: the dataset column that identifies a prompt"},
     )
 
     def __post_init__(self):
@@ -135,7 +146,7 @@ class SERAGRPOConfig(GRPOConfig):
             STUDY, self.method, self.num_generations, estimator=self.estimator, pilot_m=self.pilot_m, p_lo=self.p_lo,
             p_hi=self.p_hi, aggregation=LOSS_AGGREGATION[self.loss_type],
             multiplicity_correction=self.multiplicity_correction, keep_cv_on_zero=self.keep_cv_on_zero,
-            n_min=self.n_min, n_max=self.n_max,
+            n_min=self.n_min, n_max=self.n_max, threshold=self.active_threshold,
         )  # fmt: skip
         if settings.sampler.unequal_counts and not settings.n_min < settings.n0 < settings.n_max:
             raise ValueError(
@@ -200,10 +211,15 @@ class SERAGRPOTrainer(GRPOTrainer):
         self.sera = settings
         self.last_step: SeraStep | None = None
         self._history, self._history_index = None, None
-        if settings.estimator == "history":
+        self._generations = 0  # training generation batches so far: the Beta history's epochs count them
+        if settings.estimator in ("history", "beta"):
             column = given["train_dataset"][config.prompt_id_column]
             self._history_index = {value: i for i, value in enumerate(dict.fromkeys(column))}
-            self._history = HistoricalEstimator(len(self._history_index), settings.p_lo, settings.p_hi)
+            size = len(self._history_index)
+            self._history = (
+                BetaHistory(size) if settings.estimator == "beta"
+                else HistoricalEstimator(size, settings.p_lo, settings.p_hi)
+            )  # fmt: skip
         self._batch: list | None = None  # the local generation batch being generated (relabelled in place)
         self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients, collection metrics)
         self._eval_rewards: torch.Tensor | None = None
@@ -264,13 +280,19 @@ class SERAGRPOTrainer(GRPOTrainer):
             draws.append(_Draw(share, mine, mine_prompts, generated, per_func))
             return None, self._binary(per_func)
 
-        ids = None
+        ids, p_hat_source = None, None
         if self._history is not None:
             ids = self._history_ids(groups)
-        p_hat_source = (
-            (lambda: self._history.estimate(ids) if self._history.has_data else None) if ids is not None else None
-        )
+            p_hat_source = lambda: self._history.estimate(ids) if self._history.has_data else None  # noqa: E731
+        if isinstance(self._history, BetaHistory):
+            # TRL's sampler reads the dataset in epochs of len // B whole generation batches (a shorter last one is
+            # dropped), so a batch's epoch is its index over that; the history freezes its estimates at each start
+            epoch = self._generations // (len(self.train_dataset) // batch)
+            while self._history.epoch < epoch:
+                self._history.start_epoch()
+            p_hat_source = lambda: self._history.estimate(ids)  # noqa: E731
         collected = collect(self.sera, batch, draw, p_hat_source)
+        self._generations += 1
         if self._history is not None:
             self._history.update(ids, collected.successes, collected.counts)
 
@@ -378,7 +400,8 @@ class SERAGRPOTrainer(GRPOTrainer):
                 metrics[key].append(float(value))
         # `reward` as GRPOTrainer logs it for a uniform run: the mean over prompts of each prompt's success rate.
         # TRL's own value, the mean over rows, leans towards the prompts SERA gave more rollouts (the hard ones).
-        per_row = 1.0 / (step.counts.size * step.counts[step.group])  # (N,) each prompt's rows weigh 1 / B together
+        # (N,) each prompt's rows weigh 1 / B together (B: the prompts with rows; the authors' rule leaves some out)
+        per_row = 1.0 / (np.count_nonzero(step.counts) * step.counts[step.group])
         metrics["reward_allocated"].append(metrics["reward"][-1])
         metrics["reward"][-1] = float((per_row * step.rewards).sum())
         per_func = step.rewards_per_func.double().cpu().numpy()  # (N, F)
@@ -416,12 +439,19 @@ class SERAGRPOTrainer(GRPOTrainer):
 
             folder = f"{self._get_output_dir(trial=trial)}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             state = self._history.state_dict()
-            np.savez(f"{folder}/{HISTORY_FILE}", last_rate=state["last_rate"], total=np.asarray(state["total"]))
+            if isinstance(self._history, BetaHistory):
+                np.savez(f"{folder}/{HISTORY_FILE}", generations=self._generations, **state)
+            else:
+                np.savez(f"{folder}/{HISTORY_FILE}", last_rate=state["last_rate"], total=np.asarray(state["total"]))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._history is not None and checkpoint is not None:
             with np.load(f"{checkpoint}/{HISTORY_FILE}") as saved:
+                if isinstance(self._history, BetaHistory):
+                    self._generations = int(saved["generations"])
+                    self._history.load_state_dict({k: saved[k] for k in saved.files if k != "generations"})
+                    return
                 successes, rollouts = saved["total"]
                 self._history.load_state_dict({"last_rate": saved["last_rate"], "total": (successes, int(rollouts))})
 
@@ -502,14 +532,20 @@ def check_supported(config: SERAGRPOConfig, settings: MethodSettings, given: dic
             f"the pilot round of B x m = {prompts} x {settings.pilot_m} completions cannot be split evenly across "
             f"{world} processes (TRL's gathers need equal shares); choose B or pilot_m so that P divides B x m"
         )
-    if settings.estimator == "history":
+    if settings.estimator in ("history", "beta"):
         if config.prompt_id_column not in columns:
             raise ValueError(
-                f"estimator=history needs a dataset column {config.prompt_id_column!r} identifying each prompt "
-                f"(prompt_id_column); the dataset has {columns}"
+                f"estimator={settings.estimator} needs a dataset column {config.prompt_id_column!r} identifying each "
+                f"prompt (prompt_id_column); the dataset has {columns}"
             )
         if config.remove_unused_columns:
-            raise ValueError("estimator=history reads the prompt id column: set remove_unused_columns=False")
+            raise ValueError(
+                f"estimator={settings.estimator} reads the prompt id column: set remove_unused_columns=False"
+            )
+    if settings.estimator == "beta" and len(dataset) < prompts:
+        raise ValueError(
+            f"the Beta history reads the dataset in epochs of B = {prompts} prompts; it has {len(dataset)}"
+        )
 
 
 def _concat(parts: list):

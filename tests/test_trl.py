@@ -61,6 +61,19 @@ ENV = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.mark.slow
+def test_the_authors_rule_in_two_processes(tmp_path):
+    """sera_authors under torchrun, two CPU processes: the second step (epoch 1 of the Beta history) allocates by the
+    active-set rule on the gathered outcomes, both processes alike, and passes SERA's step checks."""
+    out = tmp_path / "two.json"
+    cmd = [*TORCHRUN, "-m", "tests.trl_toy", str(out), "sera_authors", "dapo"]
+    done = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
+    (r,) = json.loads(out.read_text())
+    assert r["world"] == 2
+    check_step(r, "sera_authors")
+
+
+@pytest.mark.slow
 def test_two_processes(tmp_path):
     """torchrun, two CPU processes over gloo: each holds B x n0 / 2 rows, groups span the processes; the counts sum
     to B x n0, every group holds one prompt, the advantages are MaxRL x n0 / n_i on the gathered rewards, and the
@@ -151,6 +164,9 @@ def test_a_non_binary_reward_stops_the_first_step(tmp_path, value, message):
         ({"num_generations": 8, "pilot_m": 8}, "SERA cannot reallocate"),  # TRL's default n0 with SERA's 8 pilots
         ({"n_max": 8}, "SERA cannot reallocate"),  # no prompt may take more than n0: every one gets n0
         ({"scale_rewards": "group"}, "scale_rewards='group' is not honoured"),
+        ({"method": "sera_authors", "estimator": "pilot", "pilot_m": 4}, "authors' epoch-frozen Beta history"),
+        ({"method": "sera_authors", "active_threshold": 1.5}, "threshold must lie in"),
+        ({"active_threshold": 0.1}, "authors' active-set rule"),  # the suite's rule has no active set
     ],
 )
 def test_bad_settings_fail_when_the_config_is_made(tmp_path, overrides, message):
@@ -178,6 +194,12 @@ def unused_tool(x: int) -> int:
         ({"entropy_coef": 0.01}, {}, "multiplicity correction"),
         ({"estimator": "history", "prompt_id_column": "qid"}, {}, "'qid'"),
         ({"estimator": "history", "remove_unused_columns": True}, {}, "remove_unused_columns"),
+        ({"method": "sera_authors", "remove_unused_columns": False, "prompt_id_column": "qid"}, {}, "'qid'"),
+        (
+            {"method": "sera_authors", "remove_unused_columns": False},
+            {"train_dataset": trl_toy.dataset(size=2)},
+            "epochs of B = 4 prompts",
+        ),
     ],
 )
 def test_unsupported_setups_fail_before_the_model_loads(tmp_path, config, kwargs, message):
@@ -273,3 +295,60 @@ def test_generation_rounds_per_step(tmp_path, monkeypatch, estimator, calls_per_
     assert len(calls) == 2 * calls_per_step and sum(calls) == 2 * 4 * trl_toy.N0
     if estimator == "history":
         assert run.last_step.p_hat is not None  # the second step allocated from the first step's outcomes
+
+
+def test_the_authors_rule_step_equals_the_suites_loss(tmp_path):
+    """method=sera_authors, one process: a dataset of B prompts makes each step an epoch, so the second step allocates
+    from the first's outcomes by the active-set rule; its rows, advantages (MaxRL x n0 / n_i on the true groups) and
+    gradient are checked as SERA's are."""
+    check_step(trl_toy.one_step(tmp_path, "sera_authors"), "sera_authors")
+
+
+def test_the_authors_rule_reads_the_beta_history_by_epoch_and_resumes(tmp_path):
+    """Eight prompts, B = 4: steps 1-2 are epoch 0 (uniform, no estimate), steps 3-4 read the posterior means of epoch
+    0's outcomes, (0.5 + successes) / (1 + rollouts), through the authors' rule; the history and the epoch count are
+    saved with each checkpoint, and a run resumed from step 3 allocates step 4 from them. (Which prompts step 4 holds
+    after a resume is TRL's sampler's business: it does not replay an epoch's shuffle, so they may differ.)"""
+    from sera.allocation import active_waterline
+
+    data = trl_toy.dataset(size=8)
+    args = trl_toy.config(tmp_path, method="sera_authors", max_steps=4, save_strategy="steps", save_steps=1,
+                          remove_unused_columns=False)  # fmt: skip
+
+    def train(resume=None):
+        run = trl_toy.trainer(args, data)
+        steps = []
+
+        class Record(trl_toy.TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                steps.append(run.last_step)
+
+        run.add_callback(Record())
+        capture = trl_toy.Capture(run)
+        run.train(resume_from_checkpoint=resume)
+        return [(step, rows) for step, (_, rows) in zip(steps, capture.batches, strict=True)]
+
+    steps = train()
+    assert all((s.counts == trl_toy.N0).all() for s, _ in steps[:2])  # epoch 0: uniform
+    successes, rollouts = np.zeros(8), np.zeros(8)
+    for step, rows in steps[:2]:
+        for reward, row in zip(step.rewards, rows, strict=True):
+            successes[row["prompt_id"]] += reward
+            rollouts[row["prompt_id"]] += 1
+    assert (rollouts == trl_toy.N0).all()  # each prompt once in epoch 0
+
+    def check_epoch_one(step, rows):
+        ids = {int(g): row["prompt_id"] for g, row in zip(step.group, rows, strict=True)}
+        assert len(ids) == np.count_nonzero(step.counts)
+        groups = list(ids)
+        expected = [(0.5 + successes[ids[g]]) / (1 + rollouts[ids[g]]) for g in groups]
+        np.testing.assert_allclose(step.p_hat[groups], expected)
+        np.testing.assert_array_equal(step.counts, active_waterline(step.p_hat, 4 * trl_toy.N0, 2, 4 * trl_toy.N0))
+
+    for step, rows in steps[2:]:
+        check_epoch_one(step, rows)
+    assert any((s.counts != trl_toy.N0).any() for s, _ in steps[2:])
+    saved = np.load(tmp_path / "checkpoint-3" / HISTORY_FILE)
+    assert int(saved["generations"]) == 3 and int(saved["epoch"]) == 1
+    (resumed,) = train(resume=str(tmp_path / "checkpoint-3"))
+    check_epoch_one(*resumed)

@@ -189,7 +189,8 @@ def suite_gradient(config, state, output, coefficients, aggregation, totals) -> 
 
 def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool = False, **overrides) -> dict:
     """Train one step and return its checks (the same on every process). vllm: generate with vLLM in colocate mode
-    (the vLLM-sized toy model, saved under out_dir)."""
+    (the vLLM-sized toy model, saved under out_dir). method=sera_authors trains two steps on a dataset of B prompts,
+    so that each step is an epoch of its Beta history, and checks the second: the first epoch is uniform."""
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's processes
     path = None
     if vllm:
@@ -199,11 +200,15 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
         # suite's loss, off so that the gradient is compared with the suite's alone
         overrides = {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": False,
                      **overrides}  # fmt: skip
-    run = trainer(config(out_dir, world, method=method, loss_type=loss_type, **overrides), model_path=path)
+    authors = method == "sera_authors"
+    if authors:
+        overrides = {"max_steps": 2, "remove_unused_columns": False, **overrides}
+    args = config(out_dir, world, method=method, loss_type=loss_type, **overrides)
+    run = trainer(args, dataset(size=4) if authors else None, model_path=path)
     capture = Capture(run)
     run.add_callback(capture)
     run.train()
-    (output, rows), = capture.batches  # fmt: skip
+    output, rows = capture.batches[-1]  # the step checked: the last
     tok = run.processing_class
     prompts = [tok.decode(p[m.bool()]) for p, m in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]
     completions = tok.batch_decode(output["completion_ids"], skip_special_tokens=True)
@@ -219,6 +224,7 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
     every = {key: [v for part in parts for v in part[key]] for key in local}  # TRL's row order, process 0 first
     step = run.last_step
     holds = {type(p).__name__ + ("-zero3" if hasattr(p, "ds_id") else "") for p in run.model.parameters()}
+    trained = np.flatnonzero(step.counts)  # the trainer's groups with rows (the authors' rule leaves some out)
     # the groups as TRL's rows show them: the rows of each prompt
     names, group = np.unique(every["prompt"], return_inverse=True)
     counts = np.bincount(group)
@@ -226,7 +232,7 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
     advantages = np.empty(group.size)
     weights = np.empty(group.size)
     advantages[order] = maxrl(np.asarray(every["reward"])[order], counts)
-    weights[order] = multiplicity_weights(counts, N0) if method == "sera" else np.ones(group.size)
+    weights[order] = multiplicity_weights(counts, N0) if method != "maxrl" else np.ones(group.size)
     start = sum(len(part["prompt"]) for part in parts[: run.accelerator.process_index])
     mine = slice(start, start + len(prompts))  # this process's rows
     tokens = float(sum(gather(float(output["completion_mask"].sum()))))
@@ -240,19 +246,16 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
         # how the trained model's parameters are held: FSDP2 shards them as DTensors, DeepSpeed ZeRO-3 partitions them
         "sharded": sorted(holds),
         "rows": int(group.size),
-        "budget": len(names) * N0,
+        "budget": step.counts.size * N0,  # B x n0
         "counts_sum": int(step.counts.sum()),
         "counts_by_prompt": sorted(counts.tolist()),
-        "trainer_counts": sorted(step.counts.tolist()),
+        "trainer_counts": sorted(step.counts[trained].tolist()),
+        "left_out": int(step.counts.size - trained.size),
         "rows_match_prompts": every["prompt"] == every["row_prompt"],  # relabelled rows hold their completion's prompt
         # every trainer group holds one prompt, and every prompt one group
-        "one_prompt_per_group": all(
-            len(set(np.asarray(every["prompt"])[step.group == g])) == 1 for g in range(step.counts.size)
-        ),  # fmt: skip
-        "groups_distinct": len(
-            {every["prompt"][int(np.flatnonzero(step.group == g)[0])] for g in range(step.counts.size)}
-        )
-        == step.counts.size,  # fmt: skip
+        "one_prompt_per_group": all(len(set(np.asarray(every["prompt"])[step.group == g])) == 1 for g in trained),
+        "groups_distinct": len({every["prompt"][int(np.flatnonzero(step.group == g)[0])] for g in trained})
+        == trained.size,  # fmt: skip
         "rewards_match": np.array_equal(np.asarray(every["reward"]), step.rewards),
         "advantage_error": float(np.max(np.abs(np.asarray(every["advantage"]) - advantages * weights))),
         "advantage_scale": float(np.max(np.abs(advantages * weights))),
@@ -267,7 +270,9 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
         "row_mean_reward": float(np.mean(every["reward"])),
         "grad_error": grad_error,
         "grad_scale": grad_scale,
-        "logs": {k: v for k, v in run.state.log_history[0].items() if isinstance(v, int | float)},
+        "logs": {
+            k: v for k, v in run.state.log_history[len(capture.batches) - 1].items() if isinstance(v, int | float)
+        },
     }
 
 
@@ -276,7 +281,7 @@ def check_step(r: dict, method: str = "sera") -> None:
     assert r["counts_sum"] == r["rows"] == r["budget"]  # B x n0 completions, as TRL counts them
     assert r["counts_by_prompt"] == r["trainer_counts"]  # the groups TRL's rows show are the trainer's
     assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["groups_distinct"] and r["rewards_match"]
-    assert r["nonuniform"] == (method == "sera")  # the toy step's waterline moves rollouts; MaxRL keeps n0 each
+    assert r["nonuniform"] == (method != "maxrl")  # the toy step's waterline moves rollouts; MaxRL keeps n0 each
     assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
     assert r["grad_scale"] > 0 and r["grad_error"] <= 1e-5 * r["grad_scale"]
     logs = r["logs"]
@@ -284,7 +289,8 @@ def check_step(r: dict, method: str = "sera") -> None:
     assert (logs["alloc/n_min"], logs["alloc/n_max"]) == (min(r["counts_by_prompt"]), max(r["counts_by_prompt"]))
     assert logs["frac_reward_zero_std"] == pytest.approx(r["frac_zero_std"])  # on the true groups
     assert logs["completions/mean_length"] == pytest.approx(r["mean_length"])  # over both draws of the step
-    assert ("alloc/tau" in logs) == ("alloc/p_hat_mean" in logs) == (method == "sera")
+    assert ("alloc/p_hat_mean" in logs) == (method != "maxrl")
+    assert ("alloc/tau" in logs) == (method == "sera")
     # `reward` means what it means in a uniform run; the mean over SERA's allocated rows has a name of its own
     assert logs["reward"] == pytest.approx(r["prompt_mean_reward"])
     assert logs["reward_allocated"] == pytest.approx(r["row_mean_reward"])
