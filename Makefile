@@ -121,16 +121,16 @@ reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)
 reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper
 ifeq ($(IMAGENET_SCALE),gauss1000)
 	$(IMAGENET) scale=imagenet/gauss1000 method=direct_ce seed=$(call seeds,$(CLASSIFY_SEEDS))
-	$(IMAGENET) scale=imagenet/gauss1000 method=maxrl,sera_authors n0=16,128 seed=$(call seeds,$(CLASSIFY_SEEDS))
-	$(IMAGENET) scale=imagenet/gauss1000 method=sera n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
-	$(IMAGENET) scale=imagenet/gauss1000 method=sera_authors $(ALL_ACTIVE) n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
+	$(IMAGENET) scale=imagenet/gauss1000 method=maxrl,sera n0=16,128 seed=$(call seeds,$(CLASSIFY_SEEDS))
+	$(IMAGENET) scale=imagenet/gauss1000 method=sera_pilot n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
+	$(IMAGENET) scale=imagenet/gauss1000 method=sera $(ALL_ACTIVE) n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
 	$(ARCHIVE) save --folder imagenet-gauss1000
 else
 	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(call seeds,$(SEEDS))
-	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,sera n0=16,128 seed=$(call seeds,$(SEEDS))
+	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,$(if $(filter paper,$(SCALE)),sera,sera_pilot) n0=16,128 seed=$(call seeds,$(SEEDS))
 endif
 ifeq ($(IMAGENET_SCALE),cpu)
-	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera n0=16,128 seed=0
+	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera_pilot n0=16,128 seed=0
 	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
 	$(COMPARE) imagenet-cpu_scratch
 endif
@@ -151,7 +151,7 @@ ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= 
 		--values $(VALUES) $(if $(filter smoke,$(SCALE)),,--results results/$(SCALE)/$(STUDY)-$(SCALE)) $(if $(FORCE),--force)
 
 ablate-pilot: install ## Table 3 pilot-size ablation (m = 0, 2, 4, 8, 16 at n0 = 16; m = 0 is the historical p_hat), SCALE=cpu|paper
-	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(SEEDS)
+	$(MAKE) ablate STUDY=imagenet SCALE=$(SCALE) METHOD=sera_pilot SETTING=method.pilot_m VALUES=8,0,2,4,16 SEEDS=$(SEEDS)
 	$(PY) -m paper_figures.imagenet table3 --scale $(SCALE)
 
 # Finished runs are kept in git (results/runs/: records, no weights) so that seeds run in different sessions build one
@@ -167,9 +167,9 @@ IF_FINISHED ?= skip
 # `make reproduce-maze MAZE_SEEDS=5-11 AGGREGATIONS=token-mean BASELINES=`, two such commands side by side.
 AGGREGATIONS ?= token-mean,seqnorm
 BASELINES ?= 1
-# The SERA that a maze or math grid runs beside MaxRL: sera (the suite's pilot rule, claims C1-C4) or sera_authors
-# (the authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool)
-SERA ?= sera
+# The SERA that a maze or math grid runs beside MaxRL: sera_pilot (the suite's first rule, claims C1-C4) or sera (the
+# authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool)
+SERA ?= sera_pilot
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
@@ -204,7 +204,7 @@ reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGA
 	$(ARCHIVE) restore --folder math-$(SCALE)
 	$(call BASES,$(MATH) scale=$(MATH_SCALE),$(call seeds,$(MATH_SEEDS)))
 ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
-	$(MATH) scale=$(MATH_SCALE) method=maxrl,sera seed=$(call seeds,$(MATH_SEEDS))
+	$(MATH) scale=$(MATH_SCALE) method=maxrl,$(SERA) seed=$(call seeds,$(MATH_SEEDS))
 else
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=$(MATH_BASELINES) seed=$(call seeds,$(MATH_SEEDS)))
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(call seeds,$(MATH_SEEDS)))

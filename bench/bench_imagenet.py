@@ -24,7 +24,7 @@ from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings, get_method
 from sera.threads import set_torch_threads
 
-METHODS = ["direct_ce", "maxrl", "sera"]
+METHODS = ["direct_ce", "maxrl", "sera_pilot", "sera"]
 CONFIGS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "configs"))
 
 

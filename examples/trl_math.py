@@ -2,7 +2,7 @@
 
     # CPU check (the test runs it): a random tiny model on generated chain sums, one step, seconds
     .venv/bin/python -m examples.trl_math --model tiny-math-smoke --template plain --train chain_sum --prompts 2 \
-        --n0 8 --pilot-m 4 --max-completion-length 16 --steps 1 --cpu
+        --n0 8 --method sera_pilot --pilot-m 4 --max-completion-length 16 --steps 1 --cpu
     # 8 GPUs, DeepSpeed ZeRO-3 (TRL ships the accelerate config), transformers generation (not run here)
     CONFIGS="$(python -c 'import trl, os; print(os.path.dirname(trl.__file__))')/accelerate_configs"
     accelerate launch --config_file "$CONFIGS/zero3.yaml" --num_processes 8 -m examples.trl_math \
@@ -40,8 +40,13 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--train", default="gsm8k", help="registry slug, .jsonl/.parquet file, or generated family")
     p.add_argument("--num-train", type=int, default=1024, help="problems of a generated family")
     p.add_argument("--method", default="sera", choices=METHODS)
-    p.add_argument("--estimator", default=None, choices=["pilot", "history"], help="sera's p_hat (default pilot)")
-    p.add_argument("--pilot-m", type=int, default=None, help="pilots per prompt (default 8 with pilot)")
+    p.add_argument(
+        "--estimator",
+        default=None,
+        choices=["beta", "pilot", "history"],
+        help="p_hat: beta (sera, the default) | pilot (sera_pilot's default) | history (sera_pilot)",
+    )
+    p.add_argument("--pilot-m", type=int, default=None, help="sera_pilot: pilots per prompt (default 8 with pilot)")
     p.add_argument("--n0", type=int, default=16, help="num_generations: rollouts per prompt on average")
     p.add_argument("--prompts", type=int, default=256, help="B prompts a step, over all processes")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches a step on each process")
@@ -121,7 +126,7 @@ def main(argv=None) -> SERAGRPOTrainer:
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
         use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
-        logging_steps=1, **activation_checkpointing(not a.cpu), **evaluation(a, heldout),
+        logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, heldout),
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
     )  # fmt: skip
     trainer = SERAGRPOTrainer(

@@ -48,7 +48,7 @@ LOSS_TYPE = {"token-mean": "dapo", "seqnorm": "dr_grpo"}  # the suite's aggregat
 
 def math_config(scale: str, root: Path, steps: int | None, seed: int, extra: list[str]):
     """The math study's config for one SERA run of the suite's loop (evaluated once, at the end)."""
-    overrides = [f"scale=math/{scale}", "method=sera", f"seed={seed}", f"run.root={root}", "threads=1",
+    overrides = [f"scale=math/{scale}", "method=sera_pilot", f"seed={seed}", f"run.root={root}", "threads=1",
                  "run.if_finished=skip", "progress=false", *extra]  # fmt: skip
     if steps is not None:
         overrides.append(f"train.steps={steps}")
@@ -109,7 +109,7 @@ def trl_run(cfg, base: Path, out_dir: Path, estimator: str = "pilot") -> dict:
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(base)
     args = SERAGRPOConfig(
-        output_dir=str(out_dir / "trainer"), method="sera", **pilots, n_max=settings.n_max,
+        output_dir=str(out_dir / "trainer"), method="sera_pilot", **pilots, n_max=settings.n_max,
         num_generations=cfg.n0, per_device_train_batch_size=loop.batch_size * cfg.n0,
         loss_type=LOSS_TYPE[settings.aggregation], max_completion_length=loop.max_new_tokens,
         temperature=loop.temperature, top_p=loop.top_p, max_steps=loop.steps, learning_rate=loop.lr,

@@ -170,7 +170,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True, choices=("imagenet", "maze", "math"))
     parser.add_argument("--scale", default="cpu")
-    parser.add_argument("--method", default="sera")
+    parser.add_argument("--method", default="sera")  # the authors' rule; sera_pilot for the suite's first
     parser.add_argument("--setting", required=True, help="a config key, e.g. method.p_lo")
     parser.add_argument("--values", required=True, help="comma-separated; the first is the reference")
     parser.add_argument("--runs", type=Path, default=Path("runs"))

@@ -42,7 +42,7 @@ from sera.stats import paired_bootstrap_ci
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 OUT = Path(__file__).parent / "out"
-COLORS = {"direct_ce": "C0", "maxrl": "C1", "sera": "C2", "grpo": "C3"}
+COLORS = {"direct_ce": "C0", "maxrl": "C1", "sera": "C2", "grpo": "C3", "sera_pilot": "C4"}
 DATA_KEYS = ("data.name", "data.num_val", "data.split_seed", "data.root")  # what fixes the validation-set order
 NAME_OF_LABEL = {m.label: m.name for m in METHODS.values()}
 
@@ -98,12 +98,8 @@ def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     by_slot: dict[tuple, list] = {}
     for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
         by_slot.setdefault(slot(g[0].get("method.name"), g[0].get("n0")), []).append((label, g))
-    # the paper's SERA is its authors' rule: beside sera_authors where that ran (the suite's pilot rule otherwise)
-    names = (
-        {**NAME_OF_LABEL, "SERA": "sera_authors"}
-        if any(has_method(g, "sera_authors") for g in groups)
-        else NAME_OF_LABEL
-    )
+    # the paper's SERA is its authors' rule: beside `sera` where that ran (the suite's pilot rule otherwise)
+    names = NAME_OF_LABEL if any(has_method(g, "sera") for g in groups) else {**NAME_OF_LABEL, "SERA": "sera_pilot"}
     paper = {
         slot(names[p["method"]], int(p["n0"]) if p["n0"] else None): p
         for p in read_reference("table2_imagenet_passk.csv")
@@ -346,7 +342,7 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     runs = [
         r
         for r in load_runs(runs_root / f"imagenet-{scale}")
-        if r.get("method.name") == "sera"
+        if r.get("method.name") == "sera_pilot"
         and r.get("n0") == 16
         and method_setting(r, "estimator") in ("pilot", "history")
     ]
@@ -414,12 +410,10 @@ def classification_prereg(runs_root: Path, scale: str = "gauss1000", out_root: P
     runs = load_runs(runs_root / f"imagenet-{scale}")
     rows = []
     for claim, n0, paper_1, paper_1024 in CLASSIFICATION_CLAIMS:
-        by_seed = {
-            name: {r.get("seed"): r for r in runs if registered(r, name, n0)} for name in ("sera_authors", "maxrl")
-        }
-        paired = [s for s in seeds if s in by_seed["sera_authors"] and s in by_seed["maxrl"]]
+        by_seed = {name: {r.get("seed"): r for r in runs if registered(r, name, n0)} for name in ("sera", "maxrl")}
+        paired = [s for s in seeds if s in by_seed["sera"] and s in by_seed["maxrl"]]
         for endpoint, k, paper in (("primary: Pass@1", 1, paper_1), ("secondary: Pass@1024", 1024, paper_1024)):
-            diffs = [final_eval(by_seed["sera_authors"][s])[k] - final_eval(by_seed["maxrl"][s])[k] for s in paired]
+            diffs = [final_eval(by_seed["sera"][s])[k] - final_eval(by_seed["maxrl"][s])[k] for s in paired]
             cell, decision, against = decide(diffs, len(seeds), paper)
             if endpoint.startswith("secondary") and decision in (
                 "supported",

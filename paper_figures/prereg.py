@@ -75,13 +75,13 @@ class PowerPlan:
 MAZE = {"study": "maze", "eval_set": "heldout", "final": 800, "secondary": (600, 700, 800)}
 MATH = {"study": "math", "eval_set": "chain-sum", "final": 800, "secondary": (600, 800)}
 CLAIMS = (
-    Claim("C1 maze token-mean", **MAZE, tested="sera", against="maxrl", aggregation="token-mean", k=32,
+    Claim("C1 maze token-mean", **MAZE, tested="sera_pilot", against="maxrl", aggregation="token-mean", k=32,
           seeds=tuple(range(12)), new_seeds=tuple(range(5, 12)), paper=3.70),
-    Claim("C2 maze seqnorm", **MAZE, tested="sera", against="maxrl", aggregation="seqnorm", k=32,
+    Claim("C2 maze seqnorm", **MAZE, tested="sera_pilot", against="maxrl", aggregation="seqnorm", k=32,
           seeds=tuple(range(6)), new_seeds=(3, 4, 5), paper=3.03),
-    Claim("C3 math token-mean", **MATH, tested="sera", against="maxrl", aggregation="token-mean", k=16,
+    Claim("C3 math token-mean", **MATH, tested="sera_pilot", against="maxrl", aggregation="token-mean", k=16,
           seeds=tuple(range(20)), new_seeds=tuple(range(5, 20)), paper=5.54),
-    Claim("C4 math seqnorm", **MATH, tested="sera", against="maxrl", aggregation="seqnorm", k=16,
+    Claim("C4 math seqnorm", **MATH, tested="sera_pilot", against="maxrl", aggregation="seqnorm", k=16,
           seeds=(0, 1, 2), paper=5.54),
     Claim("R1 maze GRPO minus base", **MAZE, tested="grpo", against=BASE, aggregation="token-mean", k=64,
           seeds=(0, 1, 2), retrained=(1, 2), claimed=-1),
@@ -100,10 +100,10 @@ CLAIMS = (
 # The authors' rule (PREREGISTRATION_AUTHORS.md): each claim's exploratory seeds and how they size it. Its seeds are
 # the first `seeds` from the exploratory ones on (their number from `python -m paper_figures.prereg power C5|C6`).
 POWER_PLANS = {
-    "C5": PowerPlan(Claim("C5 maze token-mean, the authors' SERA", **MAZE, tested="sera_authors", against="maxrl",
+    "C5": PowerPlan(Claim("C5 maze token-mean, the authors' SERA", **MAZE, tested="sera", against="maxrl",
                           aggregation="token-mean", k=32, seeds=(0, 1, 2), paper=3.70, scale="cpu_pool"),
                     reference="C1 maze token-mean", minimum=12, cap=24),
-    "C6": PowerPlan(Claim("C6 math token-mean, the authors' SERA", **MATH, tested="sera_authors", against="maxrl",
+    "C6": PowerPlan(Claim("C6 math token-mean, the authors' SERA", **MATH, tested="sera", against="maxrl",
                           aggregation="token-mean", k=16, seeds=(5, 6, 7), paper=5.54),
                     reference="C3 math token-mean", minimum=20, cap=40),
 }  # fmt: skip

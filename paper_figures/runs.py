@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from sera.identity import result_settings
-from sera.methods import METHODS
+from sera.methods import METHODS, current_names
 from sera.passk import pass_at_k
 from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE
 
@@ -132,7 +132,7 @@ def read_eval_records(path: Path) -> tuple[dict[str, dict], list[str]]:
 
 
 def load_run(path: Path) -> Run:
-    config = yaml.safe_load((path / CONFIG_FILE).read_text()) or {}
+    config = current_names(yaml.safe_load((path / CONFIG_FILE).read_text()) or {})  # today's method names
     finished = (path / DONE_FILE).exists()
     metrics = path / METRICS_FILE
     records, problems, last_corrupt = (

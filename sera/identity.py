@@ -62,8 +62,11 @@ def comparable_config(config: dict) -> dict:
     but the settings its allocator reads (none for the batch allocators); the vllm block unless engine=vllm; of
     optim.lr_by_method, all but the run's own rate, as optim.lr."""
     from sera.estimation import P_HI, P_LO
-    from sera.methods import METHODS
+    from sera.methods import METHODS, current_names
 
+    config = current_names(config)  # a config recorded under the earlier method names reads as today's
+    if isinstance(config.get("method"), dict):  # which names it was written with changes no result
+        config = {**config, "method": {k: v for k, v in config["method"].items() if k != "naming"}}
     if "vllm" in config and config.get("engine") != "vllm":
         config = {k: v for k, v in config.items() if k != "vllm"}
     method = config.get("method")

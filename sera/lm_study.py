@@ -68,7 +68,9 @@ def run_name(cfg, settings: MethodSettings, default: dict | None = None) -> str:
     method's, from Hydra)."""
     if cfg.run.name:
         return cfg.run.name
-    stem = f"{settings.method.name}{settings.variant(name_default_source=False)}-{settings.aggregation}_n0-{cfg.n0}"
+    stem = (
+        f"{settings.method.folder_name}{settings.variant(name_default_source=False)}-{settings.aggregation}_n0-{cfg.n0}"
+    )
     config = OmegaConf.to_container(cfg, resolve=True)
     default = default if default is not None else identity.hydra_default()
     return identity.run_name(stem, cfg.seed, config, default, identity.LM_STEM_KEYS)

@@ -15,7 +15,7 @@ from sera.allocators import SAMPLERS, Sampler
 from sera.estimation import P_HI, P_LO
 from sera.sequential import SequentialSettings
 
-# how p_hat is obtained (docs/design.md section 3); beta: the authors' epoch-frozen Beta history (sera_authors, LMs)
+# how p_hat is obtained (docs/design.md section 3); beta: the authors' epoch-frozen Beta history (sera, LMs)
 ESTIMATORS = ("none", "pilot", "history", "oracle", "beta")
 AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalisation (docs/design.md section 6)
 
@@ -24,7 +24,7 @@ AGGREGATIONS = ("token-mean", "seqnorm", "seq-mean-token-mean")  # loss normalis
 class Method:
     """One row of the paper's tables."""
 
-    name: str  # registry key = config file = run directory = table row id
+    name: str  # registry key = config file = table row id
     label: str  # the paper's display name
     advantage: str | None  # key of sera.advantages.ADVANTAGES; None = exact likelihood (Direct CE, no rollouts)
     allocator: str = "uniform"  # key of sera.allocators.SAMPLERS, which says what the allocator needs
@@ -32,6 +32,11 @@ class Method:
     estimator: str = "none"  # default p_hat source
     pilot_m: int = 0  # default pilot rollouts per prompt
     baseline: str | None = None  # the method this one is tested against in the tables (SERA: MaxRL, uniform counts)
+    folder: str | None = None  # the run folders' prefix when it is not the name (the name the method had before)
+
+    @property
+    def folder_name(self) -> str:
+        return self.folder or self.name
 
     @property
     def sampler(self) -> Sampler:
@@ -51,9 +56,13 @@ METHODS = {
         Method("direct_ce", "Direct CE", advantage=None, allocator="none"),
         Method("grpo", "GRPO", "grpo"),
         Method("maxrl", "MaxRL", "maxrl"),
-        Method("sera", "SERA", "maxrl", "waterline", True, "pilot", pilot_m=8, baseline="maxrl"),
-        # SERA as its authors run it (docs/design.md section 2.7): the exact p on the classifier, their active set
-        Method("sera_authors", "SERA (authors' rule)", "maxrl", "active", True, "oracle", baseline="maxrl"),
+        # the suite's first rule: every prompt, 8 pilots reused in the group (docs/design.md section 2); its runs'
+        # folders keep the name `sera` it had until 2026-12-06
+        Method("sera_pilot", "SERA with pilots", "maxrl", "waterline", True, "pilot", pilot_m=8, baseline="maxrl",
+               folder="sera"),
+        # SERA as its authors run it (docs/design.md section 2.7): the exact p on the classifier, their Beta history
+        # on the language models, their active set; its runs' folders keep the name `sera_authors` it had before
+        Method("sera", "SERA", "maxrl", "active", True, "oracle", baseline="maxrl", folder="sera_authors"),
         Method("pkpo", "PKPO (T=16)", "pkpo"),
         Method("dars_hw", "DARS-HW", "grpo", allocator="dars_hw"),
         # Sequential allocation and prompt selection (the SARA seed and its baselines; docs/design.md section 4)
@@ -66,6 +75,22 @@ METHODS = {
         Method("sara+maxrl", "SARA+MaxRL", "maxrl", allocator="sara"),
     ]
 }
+
+
+# method.naming of the configs written since `sera` names the authors' rule (configs/method/common.yaml). A config
+# without it was written under the earlier names: `sera` was the pilot rule and `sera_authors` the authors' rule.
+NAMING = 2
+EARLIER_NAMES = {"sera": "sera_pilot", "sera_authors": "sera"}
+
+
+def current_names(config: dict) -> dict:
+    """A run config (a dict) with its method named as today: a config recorded before method.naming existed has its
+    earlier name translated (EARLIER_NAMES) and is marked with today's naming, so translating twice changes nothing."""
+    method = config.get("method") if isinstance(config, dict) else None
+    if not isinstance(method, dict) or method.get("naming") == NAMING:
+        return config
+    name = method.get("name")
+    return {**config, "method": {**method, "name": EARLIER_NAMES.get(name, name), "naming": NAMING}}
 
 
 def get_method(name) -> Method:
@@ -124,6 +149,8 @@ class MethodSettings:
         """Build and validate from a run config's `method`, `n0` and `alloc` groups; ValueError on any bad value."""
         mc = cfg.method
         name = mc.get("name") if hasattr(mc, "get") else None
+        if hasattr(mc, "get") and mc.get("naming") is None and name in EARLIER_NAMES:  # a config recorded before
+            name = EARLIER_NAMES[name]
         if name is None or str(name) == "???":
             raise ValueError(
                 f"method=common is the shared base of the method files, not a method; choose from {', '.join(METHODS)}"
@@ -166,7 +193,7 @@ class MethodSettings:
                 "task.pool_order=epoch)"
             )
         if estimator == "beta" and method.allocator != "active":
-            raise ValueError(f"method.estimator=beta is the authors' estimator of method=sera_authors, not of {name}")
+            raise ValueError(f"method.estimator=beta is the authors' estimator of method=sera, not of {name}")
         sampler = method.sampler
         if sampler.p_hat and estimator == "none":
             raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
@@ -210,7 +237,7 @@ class MethodSettings:
                 raise ValueError(f"alloc.threshold must lie in [0, 1] (0: every prompt active), got {threshold!r}")
             threshold = float(threshold)
         elif threshold is not None:
-            raise ValueError(f"alloc.threshold is the authors' active-set rule (sera_authors); {name} has none")
+            raise ValueError(f"alloc.threshold is the authors' active-set rule (method=sera); {name} has none")
         n_min = n_min if n_min is not None else (2 if active else max(2, pilot_m))
         n_max = n_max if n_max is not None else (4 if active else 8) * n0
         if method.advantage is not None:

@@ -1,10 +1,12 @@
 """SERA and MaxRL inside TRL: `SERAGRPOTrainer`, a `trl.GRPOTrainer` (trl 1.16) that allocates rollouts per prompt.
 
 A researcher swaps the trainer and the config class and keeps the rest of a GRPO script (README "SERA inside TRL");
-`method="sera_authors"` runs the authors' rule (active set, their Beta history over epochs; docs/trl.md):
+`method="sera"` runs the authors' rule (active set, their Beta history over epochs), `method="sera_pilot"` the suite's
+first rule with pilots (docs/trl.md):
 
     from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
-    args = SERAGRPOConfig(output_dir="out", num_generations=16, pilot_m=8, loss_type="dapo", beta=0.0)
+    args = SERAGRPOConfig(output_dir="out", num_generations=16, loss_type="dapo", beta=0.0,
+                          remove_unused_columns=False)  # method="sera" reads the dataset's prompt_id column
     trainer = SERAGRPOTrainer(model=model, reward_funcs=binary_reward, args=args, train_dataset=dataset)
     trainer.train()
 
@@ -45,7 +47,7 @@ from sera.methods import MethodSettings, Study
 
 TESTED_TRL = "1.16."  # the TRL minor version whose private methods this module overrides
 STUDY = Study("trl", estimators=("none", "pilot", "history", "beta"), repeated_prompts=True, sequential=False)
-METHODS = ("sera", "sera_authors", "maxrl")  # the registry rows this trainer runs (sera.methods.METHODS)
+METHODS = ("sera", "sera_pilot", "maxrl")  # the registry rows this trainer runs (sera.methods.METHODS)
 
 # TRL loss type -> the suite's aggregation (sera.losses) its normalisation equals, on the step's rows. A per-row
 # weight folded into the advantage is exact for the policy term of each (linear in A; clipping and masking depend
@@ -82,14 +84,14 @@ class SERAGRPOConfig(GRPOConfig):
 
     method: str = field(
         default="sera",
-        metadata={"help": "sera (the suite's rule: waterline over every prompt, MaxRL advantage, n0 / n_i weights) | "
-                  "sera_authors (the authors' rule: active set, n_min 2, n_max 4 n0, their Beta history) | maxrl "
-                  "(n0 each)"},
+        metadata={"help": "sera (the authors' rule: active set, n_min 2, n_max 4 n0, their Beta history; MaxRL "
+                  "advantage, n0 / n_i weights) | sera_pilot (the suite's first rule: waterline over every prompt, "
+                  "p_hat from pilots or the last visit) | maxrl (n0 each)"},
     )  # fmt: skip
     estimator: str | None = field(
         default=None,
-        metadata={"help": "p_hat source: pilot | history (sera) | beta (sera_authors); null: pilot for sera, beta "
-                  "for sera_authors, none for maxrl"},
+        metadata={"help": "p_hat source: beta (sera) | pilot | history (sera_pilot); null: beta for sera, pilot "
+                  "for sera_pilot, none for maxrl"},
     )  # fmt: skip
     pilot_m: int | None = field(
         default=None, metadata={"help": "pilots per prompt, reused inside the budget (null: 8 with estimator=pilot)"}
@@ -110,7 +112,7 @@ class SERAGRPOConfig(GRPOConfig):
     )
     active_threshold: float | None = field(
         default=None,
-        metadata={"help": "sera_authors: a prompt is active when P(0 < successes < n_max) is at least this (null: "
+        metadata={"help": "sera: a prompt is active when P(0 < successes < n_max) is at least this (null: "
                   "their 0.05; 0: every prompt active)"},
     )  # fmt: skip
     prompt_id_column: str = field(

@@ -53,7 +53,7 @@ class KeyedEngine:
 
 
 def settings(parallel: str, steps: int = 2):
-    cfg = loop_cfg("sera", "pilot", 2, micro=3, steps=steps)
+    cfg = loop_cfg("sera_pilot", "pilot", 2, micro=3, steps=steps)
     cfg.train.parallel = parallel
     return MethodSettings.from_config(cfg, Study("toy")), LoopSettings.from_config(cfg)
 
@@ -85,7 +85,7 @@ def resume(run_dir: str, parallel: str, crash_at: int | None) -> None:
         loop.rl_step = crashing
     model, engine = tiny_model(), KeyedEngine(by_generator=True)
     if world_info()[0] == 0:
-        with RunDir(run_dir, {"method": "sera", "parallel": parallel}) as directory:
+        with RunDir(run_dir, {"method": "sera_pilot", "parallel": parallel}) as directory:
             train(ms, ls, ToyTask(), model, engine, directory)
             directory.finish({})
     else:

@@ -28,7 +28,7 @@ def table_rows(out, study, setting):
 
 @pytest.mark.slow
 def test_a_classifier_ablation_of_the_p_hat_clip(tmp_path):
-    sweep("imagenet", tmp_path, "method=sera", "method.p_lo=0.0625,0.25", "seed=0,1")
+    sweep("imagenet", tmp_path, "method=sera_pilot", "method.p_lo=0.0625,0.25", "seed=0,1")
     names = sorted(p.name for p in (tmp_path / "imagenet-smoke").iterdir() if not p.name.startswith("."))
     assert names == [
         "sera-m8_n0-16_method.p_lo=0.25_seed-0",
@@ -36,7 +36,9 @@ def test_a_classifier_ablation_of_the_p_hat_clip(tmp_path):
         "sera-m8_n0-16_seed-0",
         "sera-m8_n0-16_seed-1",
     ]  # fmt: skip  (0.0625 is the default)
-    text = ablate.ablation_table(tmp_path, "imagenet", "smoke", "sera", "method.p_lo", ["0.0625", "0.25"], tmp_path)
+    text = ablate.ablation_table(
+        tmp_path, "imagenet", "smoke", "sera_pilot", "method.p_lo", ["0.0625", "0.25"], tmp_path
+    )
     rows = table_rows(tmp_path, "imagenet", "method.p_lo")
     assert [r["value"] for r in rows] == ["0.0625", "0.25"] and rows[1]["seeds"] == "2"
     # Pass@1 of a value is the mean over its seeds of the runs' own final exact Pass@1
@@ -68,8 +70,8 @@ def test_a_language_model_ablation_reads_the_held_out_records(tmp_path):
 
 def test_an_ablation_of_values_not_run_is_refused_with_what_to_do(tmp_path):
     (tmp_path / "imagenet-smoke").mkdir()
-    with pytest.raises(ValueError, match="no finished sera run with method.p_lo=0.5 .*make ablate"):
-        ablate.ablation_table(tmp_path, "imagenet", "smoke", "sera", "method.p_lo", ["0.5", "0.25"], tmp_path)
+    with pytest.raises(ValueError, match="no finished sera_pilot run with method.p_lo=0.5 .*make ablate"):
+        ablate.ablation_table(tmp_path, "imagenet", "smoke", "sera_pilot", "method.p_lo", ["0.5", "0.25"], tmp_path)
 
 
 def test_values_are_read_as_hydra_reads_them():

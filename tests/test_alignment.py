@@ -56,7 +56,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("method, estimator, m", [("maxrl", "none", 0), ("sera", "pilot", 2)])
+@pytest.mark.parametrize("method, estimator, m", [("maxrl", "none", 0), ("sera_pilot", "pilot", 2)])
 def test_logged_cosines_match_closed_form_gradients(method, estimator, m):
     """A linear classifier logits = W x + b: grad log pi(l | x) = (e_l - pi) (x, 1). The step's gradient is
     (1/N) sum_ij w_i A_ij (e_l_ij - pi_i)(x_i, 1), its expectation given the counts (1/N) sum_i w_i n_i c(p_i, n_i)
@@ -79,7 +79,7 @@ def test_logged_cosines_match_closed_form_gradients(method, estimator, m):
 
     counts = np.bincount(rows, minlength=8)
     np.testing.assert_array_equal(counts, out.counts)  # the same draws as the step's
-    assert (method == "sera") == (len(set(counts)) > 1)
+    assert (method == "sera_pilot") == (len(set(counts)) > 1)
     pi, xs = logp.detach().exp().numpy(), np.hstack([x.numpy(), np.ones((8, 1))])  # (B, C), (B, D + 1)
 
     def grad_log(i, label):  # d log pi(label | x_i) / d (W, b), flattened as (C, D + 1)
@@ -90,12 +90,12 @@ def test_logged_cosines_match_closed_form_gradients(method, estimator, m):
     for i in range(8):
         r = rewards[rows == i]
         mean = r.mean()
-        w = settings.n0 / counts[i] if method == "sera" else 1.0
+        w = settings.n0 / counts[i] if method == "sera_pilot" else 1.0
         for label, r_ij in zip(labels[rows == i], r, strict=True):
             step += w * ((r_ij - mean) / mean if mean > 0 else 0.0) * grad_log(i, label) / counts.sum()
     p = pi[np.arange(8), y.numpy()]
     c = 1 - (1 - p) ** (counts - 1)  # MaxRL's c(p, n), delta = 1
-    w = settings.n0 / counts if method == "sera" else np.ones(8)
+    w = settings.n0 / counts if method == "sera_pilot" else np.ones(8)
     expected = sum(w[i] * counts[i] * c[i] * grad_log(i, y[i]) for i in range(8)) / counts.sum()
     ce = sum(grad_log(i, y[i]) for i in range(8)) / 8
     # (W, b) flattened in the order the model's parameters are: weight (C, D), then bias (C,)

@@ -32,7 +32,9 @@ CONFIG = {"experiment": "maze", "seed": 0, "method": {"name": "maxrl"}, "optim":
 def test_save_keeps_records_only_and_never_writes_over_an_archived_run(tmp_path):
     runs, store = tmp_path / "runs", tmp_path / "archive"
     make_run(runs / "maxrl_seed-0", CONFIG)
-    make_run(runs / "tiny-math" / "sera_seed-0", CONFIG | {"method": {"name": "sera"}})  # nested, like math's runs
+    make_run(
+        runs / "tiny-math" / "sera_seed-0", CONFIG | {"method": {"name": "sera_pilot"}}
+    )  # nested, like math's runs
     make_run(runs / "sera_seed-1", CONFIG | {"seed": 1}, done=False)  # unfinished: not archived
     saved = archive.save(runs, store)
     assert [str(p) for p in saved] == ["maxrl_seed-0", "tiny-math/sera_seed-0"]

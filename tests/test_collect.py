@@ -32,7 +32,13 @@ class FakeDraw:
         return payload, (self.rng.random(rows.size) < P[rows]).astype(float)
 
 
-CASES = [("grpo", "none", 0), ("maxrl", "none", 0), ("sera", "pilot", 4), ("sera", "oracle", 0), ("dars_hw", "none", 0)]
+CASES = [
+    ("grpo", "none", 0),
+    ("maxrl", "none", 0),
+    ("sera_pilot", "pilot", 4),
+    ("sera_pilot", "oracle", 0),
+    ("dars_hw", "none", 0),
+]
 
 
 @pytest.mark.parametrize("name, estimator, m", CASES)
@@ -63,7 +69,7 @@ def draw_rewards(draw, out):
 
 def test_pilots_set_p_hat_and_stay_in_their_group():
     draw = FakeDraw(seed=3)
-    out = collect(settings("sera", "pilot", 4), P.size, draw)
+    out = collect(settings("sera_pilot", "pilot", 4), P.size, draw)
     assert draw.calls[0].tolist() == [4] * P.size  # the pilot call
     first = np.cumsum(out.counts) - out.counts
     pilot_rewards = out.rewards[first[:, None] + np.arange(4)]  # (B, m): the first m rewards of each group
@@ -73,13 +79,13 @@ def test_pilots_set_p_hat_and_stay_in_their_group():
 
 
 def test_history_without_data_allocates_uniformly():
-    out = collect(settings("sera", "history"), P.size, FakeDraw(), lambda: None)
+    out = collect(settings("sera_pilot", "history"), P.size, FakeDraw(), lambda: None)
     assert out.counts.tolist() == [8] * P.size and out.p_hat is None and out.tau is None
 
 
 def test_bad_draw_and_missing_source_are_errors():
     with pytest.raises(ValueError, match="needs a p_hat source"):
-        collect(settings("sera", "history"), P.size, FakeDraw())
+        collect(settings("sera_pilot", "history"), P.size, FakeDraw())
     with pytest.raises(ValueError, match="returned 1 rewards"):
         collect(settings("maxrl"), P.size, lambda counts: (None, np.zeros(1)))
 
@@ -108,7 +114,7 @@ def test_the_authors_rule_draws_only_for_its_active_set_and_trains_those_groups(
     from sera.allocation import active_waterline
     from sera.methods import Study
 
-    s = MethodSettings.build(Study("toy"), "sera_authors", 8, estimator="beta")
+    s = MethodSettings.build(Study("toy"), "sera", 8, estimator="beta")
     p = np.array([1e-4, 0.3, 0.6, 0.9999, 0.5, 0.1])  # the first and fourth have little chance of a mixed group
     draw = FakeDraw()
     out = collect(s, p.size, draw, lambda: p)

@@ -33,6 +33,6 @@ def test_registry_is_consistent():
     for name, method in METHODS.items():
         assert method.name == name
         assert method.advantage is None or method.advantage in ADVANTAGES
-    assert get_method("sera").multiplicity_correction and get_method("sera").allocator == "waterline"
+    assert get_method("sera_pilot").multiplicity_correction and get_method("sera_pilot").allocator == "waterline"
     with pytest.raises(ValueError, match="unknown method 'serra'"):
         get_method("serra")

@@ -3,7 +3,7 @@
 from sera import identity
 
 SERA = {"seed": 0, "n0": 16, "threads": 1, "run": {"root": "runs"},
-        "method": {"name": "sera", "estimator": None, "pilot_m": None, "p_lo": None, "p_hi": None, "pkpo_k": 16,
+        "method": {"name": "sera_pilot", "estimator": None, "pilot_m": None, "p_lo": None, "p_hi": None, "pkpo_k": 16,
                    "multiplicity_correction": None, "aggregation": "token-mean"},
         "optim": {"lr": 0.003}}  # fmt: skip
 
@@ -58,9 +58,9 @@ def test_sera_without_pilots_is_sera_with_the_historical_p_hat():
     from tests.test_imagenet import CONFIGS
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        default = compose("imagenet", ["method=sera"])
-        short = compose("imagenet", ["method=sera", "method.pilot_m=0"])
-        spelled = compose("imagenet", ["method=sera", "method.pilot_m=0", "method.estimator=history"])
+        default = compose("imagenet", ["method=sera_pilot"])
+        short = compose("imagenet", ["method=sera_pilot", "method.pilot_m=0"])
+        spelled = compose("imagenet", ["method=sera_pilot", "method.pilot_m=0", "method.estimator=history"])
     settings = train.validate(short)
     assert (settings.estimator, settings.pilot_m) == ("history", 0)
     plain = identity.result_settings

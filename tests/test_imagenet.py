@@ -72,7 +72,7 @@ def spec(name, estimator="none", pilot_m=0, n0=6, n_max=48) -> MethodSettings:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["maxrl", "sera"])
+@pytest.mark.parametrize("name", ["maxrl", "sera_pilot"])
 def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(name):
     """Averaging many steps of the shipped rollout loss (MaxRL, or SERA with the oracle p_hat: waterline counts and
     multiplicity weights) on a tiny linear classifier gives (1/B) sum_i c(p_i, n_i) grad log p_i, within 5
@@ -83,13 +83,13 @@ def test_sampled_maxrl_gradient_averages_to_scaled_ce_gradient(name):
     logp = torch.log_softmax(model(x), -1)
     logp_true = logp.gather(1, y[:, None])[:, 0]
     p = logp_true.exp().detach().double().numpy()
-    run = spec(name, estimator="oracle" if name == "sera" else "none")
+    run = spec(name, estimator="oracle" if name == "sera_pilot" else "none")
     params, history = list(model.parameters()), HistoricalEstimator(4)
     gen, draws = torch.Generator().manual_seed(1), []
     for _ in range(4000):
         loss, out = policy.rollout_loss(run, logp, logp_true, idx, y, history, gen)
         draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, retain_graph=True)]))
-    assert (out.counts != run.n0).any() == (name == "sera") and out.counts.sum() == 4 * run.n0
+    assert (out.counts != run.n0).any() == (name == "sera_pilot") and out.counts.sum() == 4 * run.n0
     expected_loss = -(torch.as_tensor(scale_factor(p, out.counts, 1)) * logp_true.double()).mean()
     expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(expected_loss, params)]).double()
     draws = torch.stack(draws).double()
@@ -103,7 +103,7 @@ def test_pilots_are_the_first_rollouts_of_each_group():
     budget is spent exactly."""
     probs = torch.softmax(2 * torch.randn(8, 50, generator=torch.Generator().manual_seed(0)), -1)
     y = probs.argmax(1).numpy()  # likely labels, so the pilots see successes and failures
-    run = spec("sera", estimator="pilot", pilot_m=3, n0=10, n_max=80)
+    run = spec("sera_pilot", estimator="pilot", pilot_m=3, n0=10, n_max=80)
     rows, labels, out = policy.draw_rollouts(
         run, probs, None, torch.arange(8), y, None, torch.Generator().manual_seed(5)
     )
@@ -117,7 +117,7 @@ def test_pilots_are_the_first_rollouts_of_each_group():
     assert np.array_equal(p_hat, np.clip(successes / 3, 0.01, 0.99))
 
 
-@pytest.mark.parametrize("method", ["direct_ce", "grpo", "maxrl", "sera", "pkpo", "dars_hw"])
+@pytest.mark.parametrize("method", ["direct_ce", "grpo", "maxrl", "sera_pilot", "pkpo", "dars_hw"])
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "cpu_scratch", "paper"])
 def test_every_config_composes_and_validates(method, scale):
     cfg = cfg_for(f"method={method}", f"scale=imagenet/{scale}")
@@ -132,14 +132,14 @@ def test_every_config_composes_and_validates(method, scale):
     "overrides, error, match",
     [
         (["method=serra"], Exception, "serra"),
-        (["method=sera", "alloc.n_max=8"], ValueError, "infeasible budget"),
-        (["method=sera", "method.pilot_m=32"], ValueError, "infeasible budget"),
-        (["method=sera", "method.estimator=bogus"], ValueError, "unknown method.estimator"),
-        (["method=sera", "method.estimator=none"], ValueError, "needs a p_hat estimator"),
-        (["method=sera", "method.estimator=history", "method.pilot_m=4"], ValueError, "pilot_m=0"),
+        (["method=sera_pilot", "alloc.n_max=8"], ValueError, "infeasible budget"),
+        (["method=sera_pilot", "method.pilot_m=32"], ValueError, "infeasible budget"),
+        (["method=sera_pilot", "method.estimator=bogus"], ValueError, "unknown method.estimator"),
+        (["method=sera_pilot", "method.estimator=none"], ValueError, "needs a p_hat estimator"),
+        (["method=sera_pilot", "method.estimator=history", "method.pilot_m=4"], ValueError, "pilot_m=0"),
         (["method=maxrl", "method.multiplicity_correction=true"], ValueError, "no effect"),
-        (["method=sera", "alloc.delta=0"], ValueError, "keep_cv_on_zero"),
-        (["method=sera", "method.pilot_m=4", "alloc.n_min=2"], ValueError, "below method.pilot_m"),
+        (["method=sera_pilot", "alloc.delta=0"], ValueError, "keep_cv_on_zero"),
+        (["method=sera_pilot", "method.pilot_m=4", "alloc.n_min=2"], ValueError, "below method.pilot_m"),
         (["method=common"], ValueError, "not a method"),
         (["method=sara", "method.sequential.k0=99"], ValueError, "must be <= n0"),
         (["method=dps", "method.estimator=pilot"], ValueError, "without p_hat"),
@@ -172,12 +172,12 @@ def run_cli(tmp_path, *overrides, check=True):
 
 @pytest.mark.slow
 def test_smoke_every_method_through_the_real_entry_point(tmp_path):
-    run_cli(tmp_path, "--multirun", "scale=imagenet/smoke", "method=direct_ce,grpo,maxrl,sera,pkpo")
+    run_cli(tmp_path, "--multirun", "scale=imagenet/smoke", "method=direct_ce,grpo,maxrl,sera_pilot,pkpo")
     run_cli(
         tmp_path,
         "--multirun",
         "scale=imagenet/smoke",
-        "method=sera",
+        "method=sera_pilot",
         "method.estimator=history,oracle",
         "method.pilot_m=0",
     )
@@ -288,24 +288,24 @@ def test_finished_run_is_never_overwritten(tmp_path):
 
 
 def test_bad_cli_input_fails_before_creating_a_run(tmp_path):
-    out = run_cli(tmp_path, "scale=imagenet/smoke", "method=sera", "alloc.n_max=4", check=False)
+    out = run_cli(tmp_path, "scale=imagenet/smoke", "method=sera_pilot", "alloc.n_max=4", check=False)
     assert out.returncode != 0 and "infeasible budget" in out.stderr, out.stderr[-4000:]
     assert not (tmp_path / "imagenet-smoke").exists()
     out = run_cli(tmp_path, "scale=imagenet/huge", check=False)  # Hydra alone would not list the choices
     assert out.returncode != 0 and "unknown scale=imagenet/huge; choose from: imagenet/cpu" in out.stderr, out.stderr
-    out = run_cli(tmp_path, "--multirun", "method=sera,serra", check=False)
+    out = run_cli(tmp_path, "--multirun", "method=sera_pilot,serra", check=False)
     assert out.returncode != 0 and "unknown method=serra" in out.stderr, out.stderr[-4000:]
     assert not tmp_path.joinpath("imagenet-cpu").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["sera", "direct_ce", "sara+dps"])
+@pytest.mark.parametrize("method", ["sera_pilot", "direct_ce", "sara+dps"])
 def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, method):
     base = [
         "scale=imagenet/smoke",
         f"method={method}",
-        "method.estimator=history" if method == "sera" else "seed=0",
-        "method.pilot_m=0" if method == "sera" else "seed=0",
+        "method.estimator=history" if method == "sera_pilot" else "seed=0",
+        "method.pilot_m=0" if method == "sera_pilot" else "seed=0",
         "threads=1",
     ]
     train.run(cfg_for(*base, f"run.root={tmp_path / 'a'}"))
@@ -362,7 +362,7 @@ def test_two_process_run_equals_the_one_process_run(tmp_path):
 
 
 def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_prompts_left_out():
-    """sera_authors through the shipped rollout loss: the images its active set leaves out (a hopeless and a
+    """sera through the shipped rollout loss: the images its active set leaves out (a hopeless and a
     saturated one) get no rollouts and no gradient, the others their counts from active_waterline and weights
     n0 / n_i, and the loss keeps the budget B * n0 as its denominator, so the average over many steps is
     (1/B) sum_i c(p_i, n_i) grad log p_i with c = 0 for an image left out (within 5 standard errors)."""
@@ -372,7 +372,7 @@ def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_promp
     logp = torch.log_softmax(logits, -1)
     logp_true = logp[:, 0]
     p = logp_true.exp().detach().double().numpy()
-    run = MethodSettings.build(train.STUDY, "sera_authors", 6)
+    run = MethodSettings.build(train.STUDY, "sera", 6)
     assert (run.n_min, run.n_max, run.threshold, run.estimator) == (2, 24, 0.05, "oracle")
     gen, draws = torch.Generator().manual_seed(1), []
     for _ in range(3000):
@@ -393,11 +393,11 @@ def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_promp
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["method=sera_authors", "alloc.threshold=1.5"], "alloc.threshold must lie in"),
-        (["method=sera", "alloc.threshold=0.1"], "alloc.threshold is the authors' active-set rule"),
-        (["method=sera_authors", "method.estimator=pilot", "method.pilot_m=8"], "allocates from the exact p"),
-        (["method=sera_authors", "method.estimator=beta"], "unavailable in classification"),
-        (["method=sera_authors", "method.keep_cv_on_zero=true"], "keep_cv_on_zero must be false"),
+        (["method=sera", "alloc.threshold=1.5"], "alloc.threshold must lie in"),
+        (["method=sera_pilot", "alloc.threshold=0.1"], "alloc.threshold is the authors' active-set rule"),
+        (["method=sera", "method.estimator=pilot", "method.pilot_m=8"], "allocates from the exact p"),
+        (["method=sera", "method.estimator=beta"], "unavailable in classification"),
+        (["method=sera", "method.keep_cv_on_zero=true"], "keep_cv_on_zero must be false"),
     ],
 )
 def test_the_authors_rule_refuses_settings_it_does_not_have(overrides, match):
@@ -418,7 +418,7 @@ def test_gauss1000_starts_every_image_at_one_in_a_thousand():
 
 
 def test_sera_authors_through_the_real_entry_point(tmp_path):
-    run_cli(tmp_path, "scale=imagenet/smoke", "method=sera_authors", "n0=16")
+    run_cli(tmp_path, "scale=imagenet/smoke", "method=sera", "n0=16")
     records = read_jsonl(tmp_path / "imagenet-smoke" / "sera_authors-oracle_n0-16_seed-0" / "metrics.jsonl")
     rl = [r for r in records if "alloc/rollouts" in r]
     assert rl and all(r["alloc/rollouts"] == r["alloc/budget"] == 16 * 16 for r in rl)

@@ -18,7 +18,7 @@ import pytest
 from sera.runlog import DONE_FILE, EVAL_RECORD, METRICS_FILE, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = ["scale=maze/smoke", "method=maxrl,sera", "seed=0,1"]
+GRID = ["scale=maze/smoke", "method=maxrl,sera_pilot", "seed=0,1"]
 PARALLEL = {
     "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
     "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"],

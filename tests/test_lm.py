@@ -124,7 +124,7 @@ class ToyTask:
         return np.array([float(len(r) > 0 and r[0] == 3) for r in responses])
 
 
-def loop_cfg(method="sera", estimator="pilot", m=2, aggregation="token-mean", steps=4, micro=None):
+def loop_cfg(method="sera_pilot", estimator="pilot", m=2, aggregation="token-mean", steps=4, micro=None):
     return OmegaConf.create(
         {
             "seed": 0,
@@ -135,6 +135,7 @@ def loop_cfg(method="sera", estimator="pilot", m=2, aggregation="token-mean", st
             "top_p": 1.0,
             "method": {
                 "name": method,
+                "naming": 2,
                 "estimator": estimator,
                 "pilot_m": m,
                 "p_lo": 1 / 16,
@@ -176,8 +177,8 @@ def run_toy(cfg, path, model=None, task=None):
 @pytest.mark.parametrize(
     "method, estimator, m, aggregation",
     [
-        ("sera", "pilot", 2, "token-mean"),
-        ("sera", "history", 0, "seqnorm"),
+        ("sera_pilot", "pilot", 2, "token-mean"),
+        ("sera_pilot", "history", 0, "seqnorm"),
         ("maxrl", "none", 0, "seqnorm"),
         ("grpo", "none", 0, "token-mean"),
         ("pkpo", "none", 0, "token-mean"),
@@ -339,7 +340,7 @@ def test_shared_prompt_logprobs_give_the_steps_gradient(tmp_path):
     for aggregation, micro in [("token-mean", None), ("seqnorm", 5)]:
         steps = []
         for path in ("repeated-cache", "shared-prompt"):
-            cfg = loop_cfg("sera", "pilot", 2, aggregation, micro=micro)
+            cfg = loop_cfg("sera_pilot", "pilot", 2, aggregation, micro=micro)
             cfg.train.logprobs = path
             ms, ls = settings(cfg)
             model = tiny_model()
@@ -478,7 +479,7 @@ def test_maze_smoke_through_the_real_entry_point(tmp_path):
         "experiments.maze.train",
         "--multirun",
         "scale=maze/smoke",
-        "method=sera",
+        "method=sera_pilot",
         "method.pilot_m=2",
         "method.aggregation=token-mean,seqnorm",
         f"run.root={tmp_path}",
@@ -517,15 +518,15 @@ def test_maze_bad_input(tmp_path):
     configs = os.path.join(os.path.dirname(__file__), "..", "configs")
     with initialize_config_dir(config_dir=os.path.abspath(configs), version_base=None):
         for overrides, match in [
-            (["method=sera"], None),
-            (["method=sera", "method.estimator=history", "method.pilot_m=0"], "repeated prompts"),
+            (["method=sera_pilot"], None),
+            (["method=sera_pilot", "method.estimator=history", "method.pilot_m=0"], "repeated prompts"),
             (["method=direct_ce"], "no rollouts"),
             (["task.grid_size=12"], "odd"),
             (["model.path=/nonexistent"], "does not exist"),
             (["method=maxrl", "method.aggregation=sum"], "aggregation"),
             (["method=dars_hw", "method.estimator=pilot", "method.pilot_m=4"], "without p_hat"),
-            (["method=sera", "alloc.n_min=4"], "below method.pilot_m"),
-            (["scale=maze/smoke", "method=sera", "method.pilot_m=16"], "infeasible budget"),
+            (["method=sera_pilot", "alloc.n_min=4"], "below method.pilot_m"),
+            (["scale=maze/smoke", "method=sera_pilot", "method.pilot_m=16"], "infeasible budget"),
             (["temperature=0"], "temperature must be"),
             (["eval.temperature=-1"], "eval_temperature must be"),
             (["top_p=0"], "top_p"),
@@ -556,7 +557,7 @@ def test_maze_bad_input(tmp_path):
         ]:
             cfg = compose("maze", overrides=overrides)
             if match is None:
-                assert validate(cfg)[0].method.name == "sera"
+                assert validate(cfg)[0].method.name == "sera_pilot"
                 assert validate(compose("maze", ["method=sara+dps", "task.pool_size=64"]))[0].method.label == "SARA+DPS"
             else:
                 with pytest.raises((ValueError, FileNotFoundError), match=match):
@@ -579,7 +580,7 @@ def test_vllm_settings_reach_the_engine(monkeypatch):
     assert seen == {"tensor_parallel_size": 4, "dtype": "bfloat16", "gpu_memory_utilization": 0.3}
 
 
-@pytest.mark.parametrize("method, estimator, m", [("sera", "pilot", 2), ("sara+dps", "none", 0)])
+@pytest.mark.parametrize("method, estimator, m", [("sera_pilot", "pilot", 2), ("sara+dps", "none", 0)])
 def test_lm_loop_resumes_to_identical_metrics(tmp_path, monkeypatch, method, estimator, m):
     """A batch allocator and a sequential one (its DPS predictor is part of the checkpoint) resume exactly."""
     cfg = loop_cfg(method, estimator, m, steps=4)
@@ -617,7 +618,7 @@ class EpochToyTask(ToyTask):
 
 
 def test_the_authors_rule_is_uniform_for_an_epoch_then_reads_the_beta_history_and_resumes(tmp_path, monkeypatch):
-    cfg = loop_cfg("sera_authors", None, 0, steps=8)
+    cfg = loop_cfg("sera", None, 0, steps=8)
     assert settings(cfg)[0].estimator == "beta"  # the language models' default: no exact p
     _, reference = run_toy(cfg, tmp_path / "a", task=EpochToyTask())
     assert all(r["alloc/rollouts"] == r["alloc/budget"] == 32 for r in reference)
@@ -641,7 +642,7 @@ class RaggedEpochToyTask(ToyTask):
 def test_the_beta_history_reads_a_set_that_is_not_a_multiple_of_the_batch_by_the_epoch_of_each_steps_first_prompt(
     tmp_path,
 ):
-    _, records = run_toy(loop_cfg("sera_authors", None, 0, steps=6), tmp_path / "a", task=RaggedEpochToyTask())
+    _, records = run_toy(loop_cfg("sera", None, 0, steps=6), tmp_path / "a", task=RaggedEpochToyTask())
     # steps 0-3 start in epoch 0, whose snapshot is empty: uniform, the step that runs into epoch 1 included
     assert all("alloc/active" not in r and r["alloc/n_min"] == r["alloc/n_max"] == 8 for r in records[:4])
     # step 4 starts epoch 1 (position 16 // 14 = 1): all 14 prompts were seen in steps 0-3, so it allocates
@@ -650,4 +651,4 @@ def test_the_beta_history_reads_a_set_that_is_not_a_multiple_of_the_batch_by_the
 
 def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):
     with pytest.raises(ValueError, match="read in epochs"):
-        run_toy(loop_cfg("sera_authors", None, 0, steps=2), tmp_path / "a")
+        run_toy(loop_cfg("sera", None, 0, steps=2), tmp_path / "a")

@@ -70,7 +70,7 @@ def toy_cfg(tmp_path, *overrides):
 
 
 def test_a_toy_study_runs_through_the_kit(tmp_path):
-    cfg = toy_cfg(tmp_path, "method=sera", "method.pilot_m=2")
+    cfg = toy_cfg(tmp_path, "method=sera_pilot", "method.pilot_m=2")
     assert cfg.optim.lr == 1e-4 and cfg.engine == "hf" and cfg.wandb.enabled is False  # from lm.yaml and base.yaml
     final = run(cfg)
     assert set(final) >= {"eval/pair/pass@1", "eval/single/pass@4"}
@@ -91,7 +91,7 @@ def test_a_toy_study_runs_through_the_kit(tmp_path):
         ("engine=sglang", "engine must be one of"),
         ("max_new_tokens=9", "at most 8 tokens"),
         ("optim.lr=-1", "lr"),
-        ("method=sera", "infeasible budget"),  # SERA's 8 pilots do not fit n0 = 4
+        ("method=sera_pilot", "infeasible budget"),  # SERA's 8 pilots do not fit n0 = 4
     ],
 )
 def test_the_kit_refuses_bad_input_before_any_work(tmp_path, override, match):

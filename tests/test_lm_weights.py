@@ -71,7 +71,7 @@ def sequence_logprob(model, prompt, response, temperature):
 @pytest.mark.parametrize("aggregation", ["token-mean", "seqnorm"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_step_gradient_is_the_weighted_per_rollout_sum(aggregation, temperature):
-    cfg = loop_cfg("sera", "pilot", PILOTS, aggregation, micro=5)
+    cfg = loop_cfg("sera_pilot", "pilot", PILOTS, aggregation, micro=5)
     cfg.optim.grad_clip = 1e9  # the comparison is of the raw gradient
     cfg.temperature = temperature
     cfg.max_new_tokens = MAX_NEW

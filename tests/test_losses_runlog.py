@@ -33,7 +33,7 @@ def test_pg_loss_gradient_is_weighted_score():
 
 
 def test_rundir_refuses_finished_and_different_and_resumes(tmp_path):
-    cfg = {"method": "sera", "n0": 16, "threads": 1}
+    cfg = {"method": "sera_pilot", "n0": 16, "threads": 1}
     run = RunDir(tmp_path / "r", cfg)
     assert not run.resumed
     for step in range(5):
@@ -88,7 +88,7 @@ def test_wandb_mirror_offline(tmp_path, monkeypatch):
     run file; disabled, nothing is."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run = RunDir(tmp_path / "w", {"method": "sera"}, {"enabled": True, "project": "sera-test", "mode": "offline"})
+    run = RunDir(tmp_path / "w", {"method": "sera_pilot"}, {"enabled": True, "project": "sera-test", "mode": "offline"})
     run.log(0, {"train/reward": 0.5})
     run.log(1, {"train/reward": 0.25, "eval/pass@1": 0.125, "phat/moments": [2, 1.0]})
     run.finish()
@@ -99,25 +99,26 @@ def test_wandb_mirror_offline(tmp_path, monkeypatch):
         {"step": 1, "train/reward": 0.25, "eval/pass@1": 0.125},  # numbers only: the list stays in the JSONL
     ]
     assert [row["_step"] for row in history] == [0, 1]
-    quiet = RunDir(tmp_path / "q", {"method": "sera"}, {"enabled": False})
+    quiet = RunDir(tmp_path / "q", {"method": "sera_pilot"}, {"enabled": False})
     quiet.log(0, {"train/reward": 0.5})
     assert not (tmp_path / "q" / "wandb").exists()
 
 
 def test_settings_a_method_does_not_read_do_not_change_the_run(tmp_path):
     """A SERA run made before method.sequential existed is the same run; for SARA those settings matter."""
-    RunDir(tmp_path / "sera", {"method": {"name": "sera"}}).finish()
-    assert json.loads((tmp_path / "sera" / "DONE").read_text()) == {}
+    RunDir(tmp_path / "sera_pilot", {"method": {"name": "sera_pilot"}}).finish()
+    assert json.loads((tmp_path / "sera_pilot" / "DONE").read_text()) == {}
     from sera.runlog import finished_summary
 
-    assert finished_summary(tmp_path / "sera", {"method": {"name": "sera", "sequential": {"k0": 4}}}) == {}
+    assert finished_summary(tmp_path / "sera_pilot", {"method": {"name": "sera_pilot", "sequential": {"k0": 4}}}) == {}
     RunDir(tmp_path / "sara", {"method": {"name": "sara", "sequential": {"k0": 4}}}).finish()
     with pytest.raises(RunExistsError, match="different config"):
         finished_summary(tmp_path / "sara", {"method": {"name": "sara", "sequential": {"k0": 2}}})
     # the vllm block is read only with engine=vllm
-    RunDir(tmp_path / "hf", {"engine": "hf", "method": {"name": "sera"}}).finish()
+    RunDir(tmp_path / "hf", {"engine": "hf", "method": {"name": "sera_pilot"}}).finish()
     assert (
-        finished_summary(tmp_path / "hf", {"engine": "hf", "vllm": {"dtype": None}, "method": {"name": "sera"}}) == {}
+        finished_summary(tmp_path / "hf", {"engine": "hf", "vllm": {"dtype": None}, "method": {"name": "sera_pilot"}})
+        == {}
     )
     RunDir(tmp_path / "vllm", {"engine": "vllm", "vllm": {"dtype": None}}).finish()
     with pytest.raises(RunExistsError, match="different config"):

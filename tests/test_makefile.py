@@ -45,7 +45,10 @@ def stray(lines: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(
     ("baselines", "expected"),
-    [("1", [("grpo,pkpo", "5,6"), ("dars_hw", "5,6"), ("maxrl,sera", "5,6")]), ("", [("maxrl,sera", "5,6")])],
+    [
+        ("1", [("grpo,pkpo", "5,6"), ("dars_hw", "5,6"), ("maxrl,sera_pilot", "5,6")]),
+        ("", [("maxrl,sera_pilot", "5,6")]),
+    ],
 )
 def test_reproduce_math_runs_the_baselines_it_names_and_nothing_else(baselines, expected):
     lines = dry_run("reproduce-math", "MATH_SEEDS=5,6", f"BASELINES={baselines}")
@@ -54,7 +57,8 @@ def test_reproduce_math_runs_the_baselines_it_names_and_nothing_else(baselines, 
 
 
 @pytest.mark.parametrize(
-    ("baselines", "expected"), [("1", [("grpo", "3,4"), ("maxrl,sera", "3,4")]), ("", [("maxrl,sera", "3,4")])]
+    ("baselines", "expected"),
+    [("1", [("grpo", "3,4"), ("maxrl,sera_pilot", "3,4")]), ("", [("maxrl,sera_pilot", "3,4")])],
 )
 def test_reproduce_maze_runs_the_baselines_it_names_and_nothing_else(baselines, expected):
     lines = dry_run("reproduce-maze", "MAZE_SEEDS=3,4", f"BASELINES={baselines}")
@@ -64,12 +68,12 @@ def test_reproduce_maze_runs_the_baselines_it_names_and_nothing_else(baselines, 
 
 @pytest.mark.parametrize("study", ["maze", "math"])
 def test_sera_names_the_rule_a_grid_runs_beside_maxrl(study):
-    """SERA=sera_authors: the authors' rule's grids (claims C5, C6); the maze's at its fixed pool (cpu_pool)."""
+    """SERA=sera: the authors' rule's grids (claims C5, C6); the maze's at its fixed pool (cpu_pool)."""
     scale = "cpu_pool" if study == "maze" else "cpu"
     seeds = f"{study.upper()}_SEEDS=8-9"
     lines = dry_run(f"reproduce-{study}", f"SCALE={scale}", seeds, "BASELINES=", "AGGREGATIONS=token-mean",
-                    "SERA=sera_authors")  # fmt: skip
-    assert trained(lines, study) == [("maxrl,sera_authors", "8,9")]
+                    "SERA=sera")  # fmt: skip
+    assert trained(lines, study) == [("maxrl,sera", "8,9")]
     assert any(f"scale={study}/{scale}" in line for line in lines if f"experiments.{study}.train" in line)
 
 
@@ -99,7 +103,9 @@ def test_reproduce_retrained_runs_every_paired_row_in_the_retrained_folder_only(
 )
 def test_a_seed_range_is_swept_as_every_seed_in_it(seeds, expected):
     # README and make help quote grids as MAZE_SEEDS=0-11; Hydra sweeps only an explicit list
-    assert trained(dry_run("reproduce-maze", f"MAZE_SEEDS={seeds}", "BASELINES="), "maze") == [("maxrl,sera", expected)]
+    assert trained(dry_run("reproduce-maze", f"MAZE_SEEDS={seeds}", "BASELINES="), "maze") == [
+        ("maxrl,sera_pilot", expected)
+    ]
     grid = [
         line for line in dry_run("reproduce-imagenet", "SCALE=cpu", f"SEEDS={seeds}") if "scale=imagenet/cpu " in line
     ]
@@ -144,10 +150,10 @@ def test_launcher_slurm_submits_each_sweep_with_the_editable_config():
 def test_reproduce_imagenet_runs_the_registered_classification_grid_two_at_a_time():
     lines = dry_run("reproduce-imagenet")
     runs = trained(lines, "imagenet")
-    assert runs == [("direct_ce", "0,1,2,3,4,5,6,7"), ("maxrl,sera_authors", "0,1,2,3,4,5,6,7"), ("sera", "0,1,2"),
-                    ("sera_authors", "0,1,2")]  # fmt: skip
+    assert runs == [("direct_ce", "0,1,2,3,4,5,6,7"), ("maxrl,sera", "0,1,2,3,4,5,6,7"), ("sera_pilot", "0,1,2"),
+                    ("sera", "0,1,2")]  # fmt: skip
     grid = [line for line in lines if "experiments.imagenet.train" in line]
     assert all("scale=imagenet/gauss1000" in line and "hydra.launcher.n_jobs=2" in line for line in grid)
     assert "alloc.threshold=0.0" in grid[-1] and not stray(lines)
     digits = trained(dry_run("reproduce-imagenet", "SCALE=cpu"), "imagenet")
-    assert digits == [("direct_ce", "0,1,2"), ("maxrl,sera", "0,1,2"), ("maxrl,sera", "0")]
+    assert digits == [("direct_ce", "0,1,2"), ("maxrl,sera_pilot", "0,1,2"), ("maxrl,sera_pilot", "0")]

@@ -26,7 +26,7 @@ from sera.runlog import RunDir, read_jsonl
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SCALES = sorted(p.stem for p in (CONFIGS / "scale" / "math").glob("*.yaml") if not p.stem.startswith("_"))  # bases
-TABLE1 = ["grpo", "pkpo", "maxrl", "dars_hw", "sera"]
+TABLE1 = ["grpo", "pkpo", "maxrl", "dars_hw", "sera_pilot"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,7 +43,7 @@ def test_every_math_config_composes_and_validates():
     assert {"cpu", "smoke", "smollm2_check", "paper", "paper_qwen25math", "paper_qwen3"} <= set(SCALES)
     for scale in SCALES:  # nothing is loaded: the paper configs validate here too
         extra = ["method.pilot_m=2"] if scale == "smollm2_check" else []  # its n0 = 4
-        assert validate(config(f"scale=math/{scale}", "method=sera", *extra))[0].method.name == "sera"
+        assert validate(config(f"scale=math/{scale}", "method=sera_pilot", *extra))[0].method.name == "sera_pilot"
     for method in TABLE1:
         for scale in ("cpu", "paper"):
             assert validate(config(f"scale=math/{scale}", f"method={method}"))[0].method.name == method
@@ -72,7 +72,7 @@ def test_every_math_config_composes_and_validates():
         (["engine=tpu"], ValueError, "engine must be"),
         (["scale=math/smollm2_check", "engine=vllm"], ValueError, "GGUF"),
         (["method=direct_ce"], ValueError, "no rollouts"),
-        (["method=sera", "method.pilot_m=32"], ValueError, "infeasible budget"),
+        (["method=sera_pilot", "method.pilot_m=32"], ValueError, "infeasible budget"),
         (["eval.ks=[1,512]"], ValueError, "below the largest eval.ks"),
     ],
 )
@@ -90,7 +90,7 @@ def test_an_evaluation_set_name_must_be_a_file_name():
 
 
 def test_history_estimator_is_allowed_the_training_set_recurs():
-    settings, _ = validate(config("method=sera", "method.estimator=history", "method.pilot_m=0"))
+    settings, _ = validate(config("method=sera_pilot", "method.estimator=history", "method.pilot_m=0"))
     assert settings.estimator == "history"
 
 
@@ -194,7 +194,7 @@ def smoke_command(root, *overrides):
 @pytest.mark.slow
 def test_each_table1_method_runs_through_the_real_entry_point(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    for overrides in [["method=grpo,pkpo,dars_hw,maxrl,sera"], ["method=maxrl", "method.aggregation=seqnorm"]]:
+    for overrides in [["method=grpo,pkpo,dars_hw,maxrl,sera_pilot"], ["method=maxrl", "method.aggregation=seqnorm"]]:
         subprocess.run(smoke_command(tmp_path, *overrides), env=env, check=True, capture_output=True)
     root = tmp_path / "math-smoke" / "tiny-math-smoke"
     assert sorted(p.name for p in root.iterdir()) == [
@@ -250,7 +250,7 @@ def test_sequential_methods_run_on_the_math_cpu_default(tmp_path):
 
 
 def test_an_interrupted_run_resumes_to_identical_records(tmp_path, monkeypatch):
-    overrides = ["scale=math/smoke", "method=sera", f"run.root={tmp_path}", "threads=1"]
+    overrides = ["scale=math/smoke", "method=sera_pilot", f"run.root={tmp_path}", "threads=1"]
     math_train.run(config(*overrides, "run.name=a"))
     original = RunDir.log
 
@@ -335,7 +335,7 @@ CPU_SCALE_SETTINGS = {  # the settings README quotes for each math CPU scale
 
 @pytest.mark.parametrize("scale", sorted(CPU_SCALE_SETTINGS))
 def test_the_cpu_scales_keep_the_settings_readme_quotes(scale):
-    cfg = config(f"scale=math/{scale}", "method=sera")
+    cfg = config(f"scale=math/{scale}", "method=sera_pilot")
     validate(cfg)
     expected = CPU_SCALE_SETTINGS[scale]
     assert {key: OmegaConf.select(cfg, key) for key in expected} == expected

@@ -254,6 +254,6 @@ def test_the_authors_rule_on_the_maze_needs_a_pool_read_in_epochs(overrides, mat
 
     configs = str(Path(__file__).resolve().parents[1] / "configs")
     with initialize_config_dir(config_dir=configs, version_base=None):
-        cfg = compose("maze", ["scale=maze/smoke", "method=sera_authors", *overrides])
+        cfg = compose("maze", ["scale=maze/smoke", "method=sera", *overrides])
     with pytest.raises(ValueError, match=match):
         train.validate(cfg)

@@ -17,7 +17,7 @@ HAS_AVX512 = "avx512f" in cpu_flags()
 
 
 def smoke_run(root, level, *overrides, check=True):
-    cmd = [sys.executable, "-m", "experiments.imagenet.train", "scale=imagenet/smoke", "method=sera", "threads=1"]
+    cmd = [sys.executable, "-m", "experiments.imagenet.train", "scale=imagenet/smoke", "method=sera_pilot", "threads=1"]
     env = {**ENV, "SERA_NUMERICS": level}
     return subprocess.run([*cmd, *overrides, f"run.root={root}"], env=env, capture_output=True, text=True, check=check)
 

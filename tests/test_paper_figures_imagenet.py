@@ -45,8 +45,9 @@ def make_run(
         "threads": 1,
         "method": {
             "name": method,
-            "estimator": estimator if method == "sera" else "none",
-            "pilot_m": m if method == "sera" else 0,
+            "naming": 2,
+            "estimator": estimator if method == "sera_pilot" else "none",
+            "pilot_m": m if method == "sera_pilot" else 0,
         },
         "data": {"name": "digits1000", "num_train": 40, "num_val": 50, **(data or {})},
         "train": {"steps": steps, "batch_size": 10},
@@ -69,7 +70,7 @@ def make_run(
     (path / METRICS_FILE).write_text("\n".join([*lines, *extra_lines, final_line, *tail]) + "\n")
     if val_p is not None:
         np.save(path / VAL_P_FILE, np.asarray(val_p))
-    if method == "sera":  # one batch's allocation snapshot, for the allocation and p_hat figures
+    if method == "sera_pilot":  # one batch's allocation snapshot, for the allocation and p_hat figures
         p = np.linspace(0.01, 0.9, 10)
         np.savez(
             path / alloc_snapshot_file(4), p_exact=p, p_hat=np.clip(p, 1 / 16, 15 / 16), counts=np.arange(25, 5, -2)
@@ -96,7 +97,7 @@ def reproduced(rows, method):
 def test_table2_cells_seed_means_and_paper_rows(tmp_path):
     make_run(tmp_path, "maxrl", seed=0, pass1=0.40, cos=0.30)
     make_run(tmp_path, "maxrl", seed=1, pass1=0.50, cos=0.40)
-    make_run(tmp_path, "sera", seed=0, pass1=0.60, cos=0.70)
+    make_run(tmp_path, "sera_pilot", seed=0, pass1=0.60, cos=0.70)
     rows = table2_rows(tmp_path)
     (maxrl,) = reproduced(rows, "MaxRL")
     assert maxrl["seeds"] == "2" and float(maxrl["Pass@1"]) == pytest.approx(100 * 0.45 * (1 + 1 / 2048), abs=0.01)
@@ -124,7 +125,7 @@ def test_table2_verdict_uses_question_paired_bootstrap(tmp_path):
     p_maxrl = rng.random(50)
     p_sera = np.clip(p_maxrl + 0.05 * rng.random(50), 0, 1)
     make_run(tmp_path, "maxrl", val_p=p_maxrl)
-    make_run(tmp_path, "sera", val_p=p_sera)
+    make_run(tmp_path, "sera_pilot", val_p=p_sera)
     imagenet.table2(tmp_path, "cpu", tmp_path / "out")
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
     ci = paired_bootstrap_ci(p_sera, p_maxrl)
@@ -134,7 +135,7 @@ def test_table2_verdict_uses_question_paired_bootstrap(tmp_path):
 def test_mess_is_reported_not_mixed(tmp_path, capsys):
     make_run(tmp_path, "maxrl", steps=100, pass1=0.4, extra_lines=["{not json", '{"no_step": 1}'])
     make_run(tmp_path, "maxrl", steps=200, pass1=0.6)  # another setting: its own row, never averaged in
-    make_run(tmp_path, "sera", done=False, pass1=0.5)
+    make_run(tmp_path, "sera_pilot", done=False, pass1=0.5)
     rows = table2_rows(tmp_path)
     err = capsys.readouterr().err
     assert "metrics.jsonl:5: corrupt line skipped" in err and "metrics.jsonl:6: corrupt line skipped" in err
@@ -142,7 +143,7 @@ def test_mess_is_reported_not_mixed(tmp_path, capsys):
     assert sorted(r["steps"] for r in reproduced(rows, "MaxRL")) == ["100", "200"]
     short = next(r for r in reproduced(rows, "MaxRL") if r["steps"] == "100")
     assert short["seeds"] == "1" and float(short["Pass@1"]) == pytest.approx(40, abs=0.1)  # the lines after, kept
-    assert [r["method"] for r in reproduced(rows, "SERA")] == ["SERA (unfinished)"]
+    assert [r["method"] for r in reproduced(rows, "SERA")] == ["SERA with pilots (unfinished)"]
 
 
 def test_non_utf8_byte_is_a_corrupt_line(tmp_path):
@@ -167,17 +168,17 @@ def test_corrupt_final_record_is_marked_never_replaced(tmp_path, capsys):
 
 
 def test_config_only_folder_is_no_seed(tmp_path, capsys):
-    make_run(tmp_path, "sera", seed=0, pass1=0.5, val_p=np.full(50, 0.5))
+    make_run(tmp_path, "sera_pilot", seed=0, pass1=0.5, val_p=np.full(50, 0.5))
     make_run(tmp_path, "maxrl", seed=0, pass1=0.4, val_p=np.full(50, 0.4))
     folder = tmp_path / "imagenet-cpu" / "sera_seed-1"
     folder.mkdir()
     config = yaml.safe_load(
-        (tmp_path / "imagenet-cpu" / "sera_n0-16_seed-0_steps-100_pilot8" / CONFIG_FILE).read_text()
+        (tmp_path / "imagenet-cpu" / "sera_pilot_n0-16_seed-0_steps-100_pilot8" / CONFIG_FILE).read_text()
     )
     (folder / CONFIG_FILE).write_text(yaml.safe_dump({**config, "seed": 1}))
     rows = table2_rows(tmp_path)
     (sera,) = reproduced(rows, "SERA")
-    assert sera["method"] == "SERA (unfinished)" and sera["seeds"] == "1"
+    assert sera["method"] == "SERA with pilots (unfinished)" and sera["seeds"] == "1"
     assert float(sera["Pass@1"]) == pytest.approx(100 * 0.5 * (1 + 1 / 2048), abs=0.01)
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
     assert "| 16 | 1 vs 1 | +10.00 [+10.00, +10.00] |" in verdict
@@ -187,7 +188,7 @@ def test_config_only_folder_is_no_seed(tmp_path, capsys):
 def test_nan_and_inf_are_shown_never_bold_never_a_crash(tmp_path):
     make_run(tmp_path, "maxrl", seed=0, pass1=0.4, val_p=np.full(50, 0.4))
     nan_final = {"eval/pass@1": None, "eval/pass@2": "inf"}  # how metrics.jsonl stores NaN and infinity
-    make_run(tmp_path, "sera", seed=0, pass1=0.6, final=nan_final, val_p=np.r_[np.nan, np.full(49, 0.6)])
+    make_run(tmp_path, "sera_pilot", seed=0, pass1=0.6, final=nan_final, val_p=np.r_[np.nan, np.full(49, 0.6)])
     rows = table2_rows(tmp_path)
     (sera,) = reproduced(rows, "SERA")
     assert sera["Pass@1"] == "nan" and sera["Pass@2"] == "inf" and sera["Pass@4"] != "nan"
@@ -201,8 +202,8 @@ def test_nan_and_inf_are_shown_never_bold_never_a_crash(tmp_path):
 
 
 def test_val_p_of_different_lengths_is_an_error_naming_the_runs(tmp_path):
-    a = make_run(tmp_path, "sera", seed=0, val_p=np.full(50, 0.5))
-    b = make_run(tmp_path, "sera", seed=1, val_p=np.full(40, 0.5))
+    a = make_run(tmp_path, "sera_pilot", seed=0, val_p=np.full(50, 0.5))
+    b = make_run(tmp_path, "sera_pilot", seed=1, val_p=np.full(40, 0.5))
     make_run(tmp_path, "maxrl", seed=0, val_p=np.full(50, 0.5))
     with pytest.raises(ValueError, match="val_p.npy lengths differ") as err:
         imagenet.table2(tmp_path, "cpu", tmp_path / "out")
@@ -210,7 +211,7 @@ def test_val_p_of_different_lengths_is_an_error_naming_the_runs(tmp_path):
 
 
 def test_verdict_refuses_runs_on_other_validation_sets(tmp_path):
-    a = make_run(tmp_path, "sera", val_p=np.full(50, 0.5), data={"split_seed": 1})
+    a = make_run(tmp_path, "sera_pilot", val_p=np.full(50, 0.5), data={"split_seed": 1})
     b = make_run(tmp_path, "maxrl", val_p=np.full(50, 0.5), data={"split_seed": 2})
     with pytest.raises(ValueError, match=r"validation sets differ in \['data.split_seed'\]") as err:
         imagenet.table2(tmp_path, "cpu", tmp_path / "out")
@@ -219,17 +220,17 @@ def test_verdict_refuses_runs_on_other_validation_sets(tmp_path):
 
 def test_verdict_refuses_two_sera_groups_for_one_maxrl(tmp_path, capsys):
     make_run(tmp_path, "maxrl", val_p=np.full(50, 0.4))
-    a = make_run(tmp_path, "sera", steps=100, val_p=np.full(50, 0.5))
-    b = make_run(tmp_path, "sera", steps=200, val_p=np.full(50, 0.6))
+    a = make_run(tmp_path, "sera_pilot", steps=100, val_p=np.full(50, 0.5))
+    b = make_run(tmp_path, "sera_pilot", steps=200, val_p=np.full(50, 0.6))
     imagenet.table2(tmp_path, "cpu", tmp_path / "out")
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
-    assert f"| 16 | refused: 2 SERA groups differ in train.steps ({a.name} vs {b.name}) |" in verdict
+    assert f"| 16 | refused: 2 SERA with pilots groups differ in train.steps ({a.name} vs {b.name}) |" in verdict
     err = capsys.readouterr().err
     assert "n0 = 16: refused to pair" in err and f"{a} | {b}" in err
 
 
 def test_missing_runs_give_not_run_cells(tmp_path):
-    make_run(tmp_path, "sera", n0=128)
+    make_run(tmp_path, "sera_pilot", n0=128)
     imagenet.table2(tmp_path, "cpu", tmp_path / "out")
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
     assert "| 128 | not run |" in verdict
@@ -252,22 +253,22 @@ def test_tables_2_and_3_show_the_paper_rows_without_runs(tmp_path):
 
 
 def test_table2_places_runs_beside_their_paper_rows(tmp_path):
-    make_run(tmp_path, "sera", n0=128)
+    make_run(tmp_path, "sera_pilot", n0=128)
     rows = table2_rows(tmp_path)
     assert [(r["n0"], r["method"], r["source"][:5]) for r in rows][-4:] == [
         ("128", "MaxRL", "not r"),
         ("128", "MaxRL", "paper"),
-        ("128", "SERA", "repro"),
+        ("128", "SERA with pilots", "repro"),
         ("128", "SERA", "paper"),
     ]
 
 
 def test_table2_verdict_lists_the_difference_seed_by_seed(tmp_path):
     for seed, (a, b) in enumerate([(0.50, 0.40), (0.45, 0.47), (0.60, 0.30)]):
-        make_run(tmp_path, "sera", seed=seed, pass1=a, val_p=np.full(50, a))
+        make_run(tmp_path, "sera_pilot", seed=seed, pass1=a, val_p=np.full(50, a))
         make_run(tmp_path, "maxrl", seed=seed, pass1=b, val_p=np.full(50, b))
     make_run(
-        tmp_path, "sera", seed=3, pass1=0.9, val_p=np.full(50, 0.9)
+        tmp_path, "sera_pilot", seed=3, pass1=0.9, val_p=np.full(50, 0.9)
     )  # no MaxRL partner: not in the per-seed column
     imagenet.table2(tmp_path, "cpu", tmp_path / "out")
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
@@ -279,9 +280,14 @@ def test_table2_verdict_lists_the_difference_seed_by_seed(tmp_path):
 def test_table3_averages_the_last_epoch(tmp_path):
     # an epoch of 3 steps: the last three RL steps (1, 2, 3) of each run
     make_run(
-        tmp_path, "sera", estimator="pilot", m=2, final={"train/steps_per_epoch": 3}, pearson=(0.9, None, 0.2, 0.4)
+        tmp_path,
+        "sera_pilot",
+        estimator="pilot",
+        m=2,
+        final={"train/steps_per_epoch": 3},
+        pearson=(0.9, None, 0.2, 0.4),
     )
-    make_run(tmp_path, "sera", estimator="history", m=0)
+    make_run(tmp_path, "sera_pilot", estimator="history", m=0)
     imagenet.table3(tmp_path, "cpu", tmp_path / "out")
     rows = read_csv_rows(tmp_path / "out" / "imagenet-cpu" / "table3.csv")
     assert [r["m"] for r in rows] == ["0", "2", "8"]  # m = 8: the paper's row, not run here
@@ -296,7 +302,7 @@ def test_table3_averages_the_last_epoch(tmp_path):
 
 
 def test_table3_per_batch_pearson_is_nan_when_no_batch_has_one(tmp_path):
-    make_run(tmp_path, "sera", estimator="history", m=0, pearson=(None, None, None, None))
+    make_run(tmp_path, "sera_pilot", estimator="history", m=0, pearson=(None, None, None, None))
     imagenet.table3(tmp_path, "cpu", tmp_path / "out")
     (history, _) = read_csv_rows(tmp_path / "out" / "imagenet-cpu" / "table3.csv")
     assert history["Pearson r (per batch)"] == "nan" and history["seeds"] == "1"
@@ -313,8 +319,8 @@ def test_sequential_settings_do_not_split_batch_method_rows():
     """method.sequential only matters for DS/DPS/SARA: two SERA runs differing only there are seeds of one row."""
     from paper_figures.runs import Run, setting
 
-    a = Run(None, {"method": {"name": "sera"}, "seed": 0}, [], True)
-    b = Run(None, {"method": {"name": "sera", "sequential": {"k0": 4}}, "seed": 1}, [], True)
+    a = Run(None, {"method": {"name": "sera_pilot"}, "seed": 0}, [], True)
+    b = Run(None, {"method": {"name": "sera_pilot", "sequential": {"k0": 4}}, "seed": 1}, [], True)
     c = Run(None, {"method": {"name": "sara", "sequential": {"k0": 4}}}, [], True)
     d = Run(None, {"method": {"name": "sara", "sequential": {"k0": 2}}}, [], True)
     assert setting(a) == setting(b) and setting(c) != setting(d)

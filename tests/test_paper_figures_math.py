@@ -59,11 +59,11 @@ def test_table1_cells_come_from_the_last_per_question_counts(tmp_path):
     rng = np.random.default_rng(0)
     c_maxrl, c_sera, c_base = (rng.integers(0, 513, 40) for _ in range(3))
     math_run(tmp_path, "maxrl", "maxrl", c_maxrl)
-    math_run(tmp_path, "sera", "sera", c_sera)
+    math_run(tmp_path, "sera_pilot", "sera_pilot", c_sera)
     math_run(tmp_path, "base", "none", c_base, experiment="math-base")
     math_tables.passk_table("table1", tmp_path, "paper", tmp_path / "out")
     rows = rows_of(tmp_path / "out" / "math-paper" / "table1.csv")
-    sera = next(r for r in rows if r["method"] == "SERA (token-mean)")
+    sera = next(r for r in rows if r["method"] == "SERA with pilots (token-mean)")
     assert float(sera["Pass@32"]) == pytest.approx(100 * pass_at_k(512, c_sera, 32).mean(), abs=0.005)
     base = next(r for r in rows if r["method"] == "Base" and r["source"] == "reproduced")
     assert float(base["Pass@1"]) == pytest.approx(100 * (c_base / 512).mean(), abs=0.005)
@@ -92,7 +92,7 @@ def test_table5_delta_matches_a_direct_bootstrap(tmp_path):
     c_maxrl = rng.integers(0, 513, 60)
     c_sera = np.clip(c_maxrl + rng.integers(0, 40, 60), 0, 512)
     math_run(tmp_path, "maxrl", "maxrl", c_maxrl)
-    math_run(tmp_path, "sera", "sera", c_sera)
+    math_run(tmp_path, "sera_pilot", "sera_pilot", c_sera)
     math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     rows = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")
     ks = [32, 128, 256]
@@ -124,17 +124,17 @@ def test_table6_keeps_other_settings_apart_and_samples_cap_k(tmp_path, capsys):
 
 def test_delta_refuses_to_pair_different_questions(tmp_path):
     math_run(tmp_path, "maxrl", "maxrl", [1, 2, 3])
-    path = math_run(tmp_path, "sera", "sera", [1, 2, 3])
+    path = math_run(tmp_path, "sera_pilot", "sera_pilot", [1, 2, 3])
     record_file = path / eval_record_file(2000, "gsm8k-platinum")
     record_file.write_text(json.dumps({**json.loads(record_file.read_text()), "ids": [5, 6, 7]}))
-    with pytest.raises(ValueError, match="GSM8K-Platinum SERA vs MaxRL .* different questions") as err:
+    with pytest.raises(ValueError, match="GSM8K-Platinum SERA with pilots vs MaxRL .* different questions") as err:
         math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     assert f"3 ids only in ['{path}']" in str(err.value)
 
 
 def test_question_order_does_not_matter(tmp_path):
     math_run(tmp_path, "maxrl", "maxrl", [10, 20, 30])
-    path = math_run(tmp_path, "sera", "sera", [30, 20, 10])
+    path = math_run(tmp_path, "sera_pilot", "sera_pilot", [30, 20, 10])
     (path / eval_record_file(2000, "gsm8k-platinum")).write_text(
         json.dumps({"ids": [2, 1, 0], "n": 512, "correct": [30, 20, 10]})
     )
@@ -145,40 +145,43 @@ def test_question_order_does_not_matter(tmp_path):
 
 def test_two_sera_groups_for_one_maxrl_are_refused(tmp_path, capsys):
     math_run(tmp_path, "maxrl", "maxrl", [1, 2, 3])
-    a = math_run(tmp_path, "sera-1000", "sera", [4, 5, 6], steps=1000)
-    b = math_run(tmp_path, "sera-2000", "sera", [4, 5, 6], steps=2000)
+    a = math_run(tmp_path, "sera-1000", "sera_pilot", [4, 5, 6], steps=1000)
+    b = math_run(tmp_path, "sera-2000", "sera_pilot", [4, 5, 6], steps=2000)
     math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     rows = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")
     assert [r["delta (pp)"] for r in rows] == [
-        "refused: 2 SERA groups differ in train.steps (sera-1000 vs sera-2000)"
+        "refused: 2 SERA with pilots groups differ in train.steps (sera-1000 vs sera-2000)"
     ] * 3
     assert rows[0]["95% CI low"] == "" and rows[0]["paper delta"] == "4.69"
     err = capsys.readouterr().err
-    assert f"GSM8K-Platinum, token-mean: refused to pair, 2 SERA groups differ in train.steps: {a} | {b}" in err
+    assert (
+        f"GSM8K-Platinum, token-mean: refused to pair, 2 SERA with pilots groups differ in train.steps: {a} | {b}"
+        in err
+    )
 
 
 def test_seeds_count_runs_with_a_record_of_the_dataset(tmp_path):
     kw = {"model": "qwen2.5-math-1.5b", "n": 8}
-    math_run(tmp_path, "s0", "sera", [1, 2], dataset="aime2025", seed=0, **kw)
-    math_run(tmp_path, "s1", "sera", [3, 4], dataset="beyondaime", seed=1, **kw)
-    math_run(tmp_path, "s2", "sera", [5, 6], dataset="aime2025", seed=2, done=False, **kw)
+    math_run(tmp_path, "s0", "sera_pilot", [1, 2], dataset="aime2025", seed=0, **kw)
+    math_run(tmp_path, "s1", "sera_pilot", [3, 4], dataset="beyondaime", seed=1, **kw)
+    math_run(tmp_path, "s2", "sera_pilot", [5, 6], dataset="aime2025", seed=2, done=False, **kw)
     math_tables.passk_table("table6", tmp_path, "paper", tmp_path / "out")
     rows = [r for r in rows_of(tmp_path / "out" / "math-paper" / "table6.csv") if r["source"] == "reproduced"]
     assert [(r["dataset"], r["method"], r["seeds"]) for r in rows] == [
-        ("BeyondAIME", "SERA (token-mean, unfinished)", "1"),
-        ("AIME 2025", "SERA (token-mean, unfinished)", "2"),
+        ("BeyondAIME", "SERA with pilots (token-mean, unfinished)", "1"),
+        ("AIME 2025", "SERA with pilots (token-mean, unfinished)", "2"),
     ]
     assert float(rows[1]["Pass@1"]) == pytest.approx(100 * np.mean([1, 2, 5, 6]) / 8, abs=0.005)
 
 
 def test_nan_counts_show_as_nan_and_are_never_bold(tmp_path):
     math_run(tmp_path, "maxrl", "maxrl", [None, 100])
-    math_run(tmp_path, "sera", "sera", [10, 20])
+    math_run(tmp_path, "sera_pilot", "sera_pilot", [10, 20])
     math_tables.passk_table("table1", tmp_path, "paper", tmp_path / "out")
     rows = rows_of(tmp_path / "out" / "math-paper" / "table1.csv")
     assert next(r for r in rows if r["method"] == "MaxRL (token-mean)")["Pass@1"] == "nan"
     md = (tmp_path / "out" / "math-paper" / "table1.md").read_text()
-    assert "**" not in next(line for line in md.splitlines() if "| SERA (token-mean) | reproduced" in line)
+    assert "**" not in next(line for line in md.splitlines() if "| SERA with pilots (token-mean) | reproduced" in line)
 
 
 CPU = {"model": "tiny-math", "dataset": "chain-sum", "scale": "cpu", "n": 64, "steps": 200}
@@ -190,14 +193,14 @@ def test_cpu_table1_is_the_tiny_models_with_the_guessing_floor(tmp_path):
     guess = {f"eval/chain-sum/guess_pass@{k}": k / 1000 for k in [1, 4, 16, 64, 128]}
     guess |= {f"eval/chain-sum/guess_top_pass@{k}": k / 500 for k in [1, 4, 16, 64, 128]}
     math_run(tmp_path, "maxrl", "maxrl", c_maxrl, **CPU)
-    math_run(tmp_path, "sera", "sera", c_sera, **CPU)
+    math_run(tmp_path, "sera_pilot", "sera_pilot", c_sera, **CPU)
     math_run(tmp_path, "base", "none", c_base, experiment="math-base", metrics=guess, **CPU)
     math_run(tmp_path, "other-model", "grpo", c_base, **{**CPU, "model": "smollm2-360m-instruct"})
     text = math_tables.passk_table("table1", tmp_path, "cpu", tmp_path / "out")
     assert "not comparable in absolute value" in text
     rows = rows_of(tmp_path / "out" / "math-cpu" / "table1.csv")
     assert list(rows[0])[6:] == [f"Pass@{k}" for k in [1, 4, 16, 64, 128]]
-    sera = next(r for r in rows if r["method"] == "SERA (token-mean)")
+    sera = next(r for r in rows if r["method"] == "SERA with pilots (token-mean)")
     assert float(sera["Pass@16"]) == pytest.approx(100 * pass_at_k(64, c_sera, 16).mean(), abs=0.005)
     assert sera["Pass@128"] == "not run"  # 64 samples cannot estimate Pass@128
     base = next(r for r in rows if r["method"] == "Base" and r["source"] == "reproduced")
@@ -224,7 +227,7 @@ def test_cpu_table5_bootstraps_the_tiny_models_runs(tmp_path):
     c_maxrl = rng.integers(0, 65, 40)
     c_sera = np.clip(c_maxrl + rng.integers(0, 20, 40), 0, 64)
     math_run(tmp_path, "maxrl", "maxrl", c_maxrl, **CPU)
-    math_run(tmp_path, "sera", "sera", c_sera, **CPU)
+    math_run(tmp_path, "sera_pilot", "sera_pilot", c_sera, **CPU)
     math_tables.delta_table("table5", tmp_path, "cpu", tmp_path / "out")
     rows = rows_of(tmp_path / "out" / "math-cpu" / "table5.csv")
     assert [int(r["k"]) for r in rows] == [1, 4, 16, 64, 128]
@@ -236,7 +239,7 @@ def test_cpu_table5_bootstraps_the_tiny_models_runs(tmp_path):
 
 
 def test_the_cpu_scale_builds_only_its_own_tables(tmp_path):
-    math_run(tmp_path, "sera", "sera", [1, 2], **CPU)
+    math_run(tmp_path, "sera_pilot", "sera_pilot", [1, 2], **CPU)
     math_tables.main(["--scale", "cpu", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
     built = sorted(p.name for p in (tmp_path / "out" / "math-cpu").glob("*.csv"))
     assert built == ["table1.csv", "table5.csv"]
@@ -247,12 +250,12 @@ def test_table5_seed_level_columns_take_seeds_as_the_unit(tmp_path):
     The seed-level delta is their mean, +37.5, with the t half-width t_{0.975, 1} * sd / sqrt(2) = 12.7062 * 12.5;
     the per-seed cell lists both; with one seed the interval is left empty. The regime figure is drawn."""
     math_run(tmp_path, "maxrl0", "maxrl", [0, 0, 0, 0], seed=0)
-    math_run(tmp_path, "sera0", "sera", [512, 0, 0, 0], seed=0)
+    math_run(tmp_path, "sera0", "sera_pilot", [512, 0, 0, 0], seed=0)
     math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     first = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")[0]
     assert first["seeds"] == "1" and first["seed 95% low"] == "" and first["per seed (pp)"] == "0: +25.00"
     math_run(tmp_path, "maxrl1", "maxrl", [0, 0, 0, 0], seed=1)
-    math_run(tmp_path, "sera1", "sera", [512, 512, 0, 0], seed=1)
+    math_run(tmp_path, "sera1", "sera_pilot", [512, 512, 0, 0], seed=1)
     math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     math_tables.passk_table("table1", tmp_path, "paper", tmp_path / "out")
     for row in rows_of(tmp_path / "out" / "math-paper" / "table5.csv")[:3]:  # k = 32, 128, 256
@@ -266,7 +269,7 @@ def test_table5_without_a_shared_seed_keeps_its_columns(tmp_path):
     """SERA ran seed 0, MaxRL seed 1: the question-paired cells are there, the seed-level ones say 0 seeds, and the
     paper's numbers stay in their own columns."""
     math_run(tmp_path, "maxrl1", "maxrl", [0, 0, 0, 0], seed=1)
-    math_run(tmp_path, "sera0", "sera", [512, 0, 0, 0], seed=0)
+    math_run(tmp_path, "sera0", "sera_pilot", [512, 0, 0, 0], seed=0)
     math_tables.delta_table("table5", tmp_path, "paper", tmp_path / "out")
     row = rows_of(tmp_path / "out" / "math-paper" / "table5.csv")[0]
     assert float(row["delta (pp)"]) == pytest.approx(25.0) and row["seeds"] == "0" and row["per seed (pp)"] == ""

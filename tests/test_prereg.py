@@ -25,7 +25,7 @@ def maze_run(root, method, seed, correct_by_step, experiment="maze"):
     path.mkdir(parents=True)
     config = {"experiment": experiment, "seed": seed}
     if experiment == "maze":
-        config |= {"method": {"name": method, "aggregation": "token-mean"}}
+        config |= {"method": {"name": method, "naming": 2, "aggregation": "token-mean"}}
     (path / CONFIG_FILE).write_text(yaml.safe_dump(config))
     (path / METRICS_FILE).write_text(json.dumps({"step": 0}) + "\n")
     for step, correct in correct_by_step.items():
@@ -47,7 +47,7 @@ def steps(final, earlier=None):
 def test_endpoints_read_the_registered_steps_and_pair_seeds(tmp_path):
     # Pass@1 is the mean solved share: SERA minus MaxRL is +25 pp at step 800 on every seed, 0 before it
     for seed in (0, 1, 2):
-        maze_run(tmp_path, "sera", seed, steps([32, 32, 32, 32], earlier=[16, 16, 16, 16]))
+        maze_run(tmp_path, "sera_pilot", seed, steps([32, 32, 32, 32], earlier=[16, 16, 16, 16]))
         maze_run(tmp_path, "maxrl", seed, steps([16, 16, 16, 16]))
     primary, secondary, sensitivity = rows_for(tmp_path)
     assert primary[2] == "3 of 3 (0-2)" and primary[3] == "+25.00 [+25.00, +25.00]" and primary[4] == "supported"
@@ -60,7 +60,7 @@ def test_endpoints_read_the_registered_steps_and_pair_seeds(tmp_path):
 
 def test_no_decision_until_every_registered_seed_is_in(tmp_path):
     for seed in (0, 1):  # seed 2 not run
-        maze_run(tmp_path, "sera", seed, steps([32] * 4))
+        maze_run(tmp_path, "sera_pilot", seed, steps([32] * 4))
         maze_run(tmp_path, "maxrl", seed, steps([16] * 4))
     primary = rows_for(tmp_path)[0]
     assert primary[2] == "2 of 3 (0-2)" and primary[4] == "in progress (2 of 3 seeds): no decision"
@@ -73,7 +73,7 @@ def test_no_decision_until_every_registered_seed_is_in(tmp_path):
 )
 def test_the_three_way_rule(tmp_path, sera, decision):
     for seed, correct in enumerate(sera):
-        maze_run(tmp_path, "sera", seed, steps(correct))
+        maze_run(tmp_path, "sera_pilot", seed, steps(correct))
         maze_run(tmp_path, "maxrl", seed, steps([16] * 4))
     assert rows_for(tmp_path)[0][4] == decision
 
@@ -124,7 +124,7 @@ def test_retrained_seeds_pair_runs_of_the_retrained_folder_only(tmp_path, monkey
     diffs = prereg.differences(load_runs(main / "maze-cpu"), claim, (800,), load_runs(again / "maze-cpu"))
     assert diffs == pytest.approx({0: -12.5, 1: 25.0})
     # the SERA claims read the main folders only
-    assert all(not c.retrained for c in prereg.CLAIMS if c.tested == "sera")
+    assert all(not c.retrained for c in prereg.CLAIMS if c.tested == "sera_pilot")
 
 
 def test_the_committed_table_is_what_the_archive_gives(tmp_path):
@@ -194,31 +194,31 @@ def test_runs_from_different_base_models_are_not_paired(tmp_path):
     assert base_identity(base_a) != base_identity(base_b)  # same folder name, another model: the hash tells
     root = tmp_path / "runs"
     maze_run(root, "maxrl", 0, {800: [1, 2, 3, 4]})
-    maze_run(root, "sera", 0, {800: [1, 2, 3, 4]})
+    maze_run(root, "sera_pilot", 0, {800: [1, 2, 3, 4]})
     runs = {r.get("method.name"): r for r in load_runs(root / "maze-cpu")}
-    check_same_base(runs["sera"], runs["maxrl"])  # neither recorded one and the folder has no base: paired
+    check_same_base(runs["sera_pilot"], runs["maxrl"])  # neither recorded one and the folder has no base: paired
     folder_base = root / "maze-cpu" / "base_seed-0"
     folder_base.mkdir()
     (folder_base / "eval_step0_heldout.json").write_text("[1, 0]")
-    record_base(runs["sera"].path, base_b)
-    check_same_base(runs["sera"], runs["maxrl"])  # the folder's base still training (no DONE): nothing to compare
-    (runs["sera"].path / BASE_FILE).unlink()
+    record_base(runs["sera_pilot"].path, base_b)
+    check_same_base(runs["sera_pilot"], runs["maxrl"])  # the folder's base still training (no DONE): nothing to compare
+    (runs["sera_pilot"].path / BASE_FILE).unlink()
     (folder_base / DONE_FILE).write_text("{}")
-    record_base(runs["sera"].path, base_b)  # trained again elsewhere, against a run from before the record:
+    record_base(runs["sera_pilot"].path, base_b)  # trained again elsewhere, against a run from before the record:
     with pytest.raises(ValueError, match="different base models"):  # that run stands for its folder's base
-        check_same_base(runs["sera"], runs["maxrl"])
-    (runs["sera"].path / BASE_FILE).unlink()
-    record_base(runs["sera"].path, folder_base)  # a base trained again that reproduced the folder's records
-    check_same_base(runs["sera"], runs["maxrl"])
-    (runs["sera"].path / BASE_FILE).unlink()
+        check_same_base(runs["sera_pilot"], runs["maxrl"])
+    (runs["sera_pilot"].path / BASE_FILE).unlink()
+    record_base(runs["sera_pilot"].path, folder_base)  # a base trained again that reproduced the folder's records
+    check_same_base(runs["sera_pilot"], runs["maxrl"])
+    (runs["sera_pilot"].path / BASE_FILE).unlink()
     record_base(runs["maxrl"].path, base_a)
-    record_base(runs["sera"].path, base_a)
-    check_same_base(runs["sera"], runs["maxrl"])
-    (runs["sera"].path / BASE_FILE).write_text(json.dumps(base_identity(base_b)))
+    record_base(runs["sera_pilot"].path, base_a)
+    check_same_base(runs["sera_pilot"], runs["maxrl"])
+    (runs["sera_pilot"].path / BASE_FILE).write_text(json.dumps(base_identity(base_b)))
     with pytest.raises(ValueError, match="different base models"):
-        check_same_base(runs["sera"], runs["maxrl"])
+        check_same_base(runs["sera_pilot"], runs["maxrl"])
     with pytest.raises(ValueError, match="started from base model"):
-        record_base(runs["sera"].path, base_a)  # a resumed run refuses to continue from another base
+        record_base(runs["sera_pilot"].path, base_a)  # a resumed run refuses to continue from another base
 
 
 def test_a_power_plan_takes_the_larger_sd_and_keeps_to_its_minimum_and_cap(tmp_path, monkeypatch):
@@ -230,14 +230,14 @@ def test_a_power_plan_takes_the_larger_sd_and_keeps_to_its_minimum_and_cap(tmp_p
     root = tmp_path / "runs"
     for seed, extra in enumerate((16, 32, 48)):  # Pass@1 differences 16, 32, 48 / 256 = 6.25, 12.5, 18.75 pp
         maze_run(root, "maxrl", seed, steps([10, 10, 10, 10]))
-        maze_run(root, "sera", seed, steps([10 + extra, 10, 10, 10]))
+        maze_run(root, "sera_pilot", seed, steps([10 + extra, 10, 10, 10]))
 
     def plan_for(explored, minimum=2, cap=40):
         for seed, extra in zip((3, 4, 5), explored, strict=True):
-            for method, first in (("maxrl", 32), ("sera_authors", 32 + extra)):
+            for method, first in (("maxrl", 32), ("sera", 32 + extra)):
                 shutil.rmtree(root / "maze-cpu" / f"{method}_seed-{seed}", ignore_errors=True)
                 maze_run(root, method, seed, steps([first, 10, 10, 10]))
-        plan = prereg.PowerPlan(replace(CLAIM, name="X", tested="sera_authors", seeds=(3, 4, 5), new_seeds=()),
+        plan = prereg.PowerPlan(replace(CLAIM, name="X", tested="sera", seeds=(3, 4, 5), new_seeds=()),
                                 reference=CLAIM.name, minimum=minimum, cap=cap)  # fmt: skip
         runs = load_runs(root / "maze-cpu")
         return prereg.power_plan(runs, plan, runs)

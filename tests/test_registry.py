@@ -22,7 +22,7 @@ from sera.sequential import SequentialSettings
 from tests.test_paper_figures_imagenet import make_run, read_csv_rows
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-CLIP_METHOD = replace(METHODS["sera"], name="sera_clip32", label="SERA (clip 1/32)")
+CLIP_METHOD = replace(METHODS["sera_pilot"], name="sera_clip32", label="SERA (clip 1/32)")
 
 
 def test_common_yaml_holds_the_sequential_settings_defaults():
@@ -75,14 +75,14 @@ def test_a_new_method_is_one_registry_entry_and_one_config_file(tmp_path, monkey
     rng = np.random.default_rng(0)
     p = rng.uniform(0, 0.9, 50)
     make_run(tmp_path / "runs", "maxrl", val_p=p, pass1=0.4)
-    make_run(tmp_path / "runs", "sera", val_p=p + 0.02, pass1=0.5)
+    make_run(tmp_path / "runs", "sera_pilot", val_p=p + 0.02, pass1=0.5)
     make_run(tmp_path / "runs", "sera_clip32", val_p=p + 0.04, pass1=0.6)
     imagenet.table2(tmp_path / "runs", "cpu", tmp_path / "out")
     rows = read_csv_rows(tmp_path / "out" / "imagenet-cpu" / "table2.csv")
     reproduced = [r["method"] for r in rows if r["source"].startswith("reproduced")]
-    assert reproduced == ["MaxRL", "SERA", "SERA (clip 1/32)"]
+    assert reproduced == ["MaxRL", "SERA with pilots", "SERA (clip 1/32)"]
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
-    assert "## SERA minus MaxRL" in verdict and "## SERA (clip 1/32) minus MaxRL" in verdict
+    assert "## SERA with pilots minus MaxRL" in verdict and "## SERA (clip 1/32) minus MaxRL" in verdict
     clip_block = verdict.split("## SERA (clip 1/32) minus MaxRL")[1]
     assert "+4.00 [+4.00, +4.00]" in clip_block.splitlines()[4]  # every image's p is 4 pp above MaxRL's
 

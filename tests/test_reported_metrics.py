@@ -36,8 +36,8 @@ def test_classifier_verdict_pools_pass_at_k_per_image_over_seeds(tmp_path):
     resamples images of the seed-averaged per-image Pass@k (README: "Pass@k per image computed per seed, then
     averaged over seeds"). At k = 1024 averaging p over seeds first would give another number."""
     rng = np.random.default_rng(1)
-    p = {m: rng.beta(0.3, 0.3, size=(3, 50)) for m in ("sera", "maxrl")}  # (seeds, images), far apart per seed
-    for method, seed in itertools.product(("sera", "maxrl"), range(3)):
+    p = {m: rng.beta(0.3, 0.3, size=(3, 50)) for m in ("sera_pilot", "maxrl")}  # (seeds, images), far apart per seed
+    for method, seed in itertools.product(("sera_pilot", "maxrl"), range(3)):
         make_run(tmp_path, method, seed=seed, val_p=p[method][seed])
     imagenet.table2(tmp_path, "cpu", tmp_path / "out")
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
@@ -46,25 +46,25 @@ def test_classifier_verdict_pools_pass_at_k_per_image_over_seeds(tmp_path):
     assert cells[1] == "3 vs 3"
     for k, got in [(1, cells[2]), (1024, cells[3])]:
         passk = {m: 1 - (1 - v) ** k for m, v in p.items()}  # (seeds, images)
-        ci = paired_bootstrap_ci(passk["sera"].mean(0), passk["maxrl"].mean(0))
-        assert got == cell([passk["sera"][s] - passk["maxrl"][s] for s in range(3)], ci)
+        ci = paired_bootstrap_ci(passk["sera_pilot"].mean(0), passk["maxrl"].mean(0))
+        assert got == cell([passk["sera_pilot"][s] - passk["maxrl"][s] for s in range(3)], ci)
     pooled_p = {m: 1 - (1 - v.mean(0)) ** 1024 for m, v in p.items()}
-    assert cells[3].split()[0] != f"{100 * (pooled_p['sera'] - pooled_p['maxrl']).mean():+.2f}"
+    assert cells[3].split()[0] != f"{100 * (pooled_p['sera_pilot'] - pooled_p['maxrl']).mean():+.2f}"
 
 
 def test_maze_verdict_pools_pass_at_k_per_maze_over_seeds(tmp_path):
     """Two seeds per method: the `all` row is the mean over seeds of each seed's mean difference per k, with the
     interval over mazes of the seed-averaged Pass@k."""
     rng = np.random.default_rng(2)
-    correct = {(m, s): rng.integers(0, 65, 20) for m in ("sera", "maxrl") for s in range(2)}
+    correct = {(m, s): rng.integers(0, 65, 20) for m in ("sera_pilot", "maxrl") for s in range(2)}
     for (method, seed), c in correct.items():
         maze_run(tmp_path, f"{method}_seed-{seed}", method, c.tolist(), seed=seed)
     text = maze.table4(tmp_path, "cpu", tmp_path / "out")
     ks = [1, 2, 4, 8, 16, 32, 64]
     per_seed = {key: pass_at_k(64, c, ks) for key, c in correct.items()}  # (mazes, K)
-    pooled = {m: (per_seed[(m, 0)] + per_seed[(m, 1)]) / 2 for m in ("sera", "maxrl")}
-    ci = paired_bootstrap_ci(pooled["sera"], pooled["maxrl"])
-    diffs = [per_seed[("sera", s)] - per_seed[("maxrl", s)] for s in range(2)]
+    pooled = {m: (per_seed[(m, 0)] + per_seed[(m, 1)]) / 2 for m in ("sera_pilot", "maxrl")}
+    ci = paired_bootstrap_ci(pooled["sera_pilot"], pooled["maxrl"])
+    diffs = [per_seed[("sera_pilot", s)] - per_seed[("maxrl", s)] for s in range(2)]
     expected = [cell([d[:, j] for d in diffs], SimpleNamespace(low=ci.low[j], high=ci.high[j])) for j in range(len(ks))]
     assert f"| token-mean | {' | '.join(expected)} |" in text
 
@@ -72,8 +72,8 @@ def test_maze_verdict_pools_pass_at_k_per_maze_over_seeds(tmp_path):
 def test_table3_mae_is_the_seed_mean_of_each_runs_last_epoch(tmp_path):
     """Seed 0 logs an epoch of 4 steps (MAE 0.1 .. 0.4: mean 0.25), seed 1 an epoch of 2 (0.3, 0.4: mean 0.35): the
     row is 0.30, not the mean of all six steps (0.283) nor one seed's."""
-    make_run(tmp_path, "sera", seed=0, m=2)
-    make_run(tmp_path, "sera", seed=1, m=2, final={"train/steps_per_epoch": 2})
+    make_run(tmp_path, "sera_pilot", seed=0, m=2)
+    make_run(tmp_path, "sera_pilot", seed=1, m=2, final={"train/steps_per_epoch": 2})
     imagenet.table3(tmp_path, "cpu", tmp_path / "out")
     (row,) = [r for r in read_csv_rows(tmp_path / "out" / "imagenet-cpu" / "table3.csv") if r["m"] == "2"]
     assert row["seeds"] == "2" and float(row["MAE"]) == pytest.approx(0.30, abs=1e-4)
@@ -83,7 +83,7 @@ def test_logged_mae_and_saturated_share():
     """A SERA step with 2 pilots on a linear classifier: phat/mae is the mean |p_hat - p| over the step's images
     (p_hat = the clipped pilot success rate, p = softmax[y]); alloc/saturated_share is the probability that a fresh
     group of n0 = 8 rollouts has all-equal rewards, averaged over images: the sum over all 2^8 reward patterns."""
-    settings = MethodSettings.from_config(loop_cfg("sera", "pilot", 2), policy.STUDY)
+    settings = MethodSettings.from_config(loop_cfg("sera_pilot", "pilot", 2), policy.STUDY)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 6).double()
     x, y, idx = torch.randn(8, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 4, 5, 0, 1]), torch.arange(8)
@@ -122,7 +122,7 @@ def test_sara_note_averages_the_saturated_share_over_steps_then_seeds(tmp_path):
 
 def test_lm_evaluation_logs_pass_at_k_of_its_saved_records(tmp_path):
     """Every logged eval/<set>/pass@k of a toy run equals sera.passk over the per-question record it saved."""
-    cfg = loop_cfg("sera", "pilot", 2, steps=4)
+    cfg = loop_cfg("sera_pilot", "pilot", 2, steps=4)
     run_toy(cfg, tmp_path / "run")
     checked = 0
     for record in read_jsonl(tmp_path / "run" / "metrics.jsonl"):

@@ -30,7 +30,7 @@ from sera.runlog import (
 )
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONHASHSEED": "0"}
-CFG = {"method": "sera", "n0": 16}
+CFG = {"method": "sera_pilot", "n0": 16}
 
 
 def write_records(path, steps):
@@ -103,7 +103,7 @@ def test_truncated_checkpoint_names_the_file_and_the_fix(tmp_path):
 HOLD = """
 import sys, time
 from sera.runlog import RunDir
-run = RunDir(sys.argv[1], {"method": "sera", "n0": 16})
+run = RunDir(sys.argv[1], {"method": "sera_pilot", "n0": 16})
 print("locked", flush=True)
 time.sleep(60)
 """
@@ -125,7 +125,7 @@ def test_lock_names_the_live_owner_and_is_taken_over_after_its_death(tmp_path):
 
 def classifier_cmd(root, *extra):
     return [
-        sys.executable, "-m", "experiments.imagenet.train", "scale=imagenet/smoke", "method=sera", "threads=1",
+        sys.executable, "-m", "experiments.imagenet.train", "scale=imagenet/smoke", "method=sera_pilot", "threads=1",
         f"run.root={root}", *extra,
     ]  # fmt: skip
 

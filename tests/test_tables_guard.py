@@ -27,7 +27,7 @@ def classification_run(runs, method, seed, pass1=0.5, scale="cpu", done=True):
         "scale_name": scale,
         "seed": seed,
         "n0": 16,
-        "method": {"name": method, "estimator": "pilot" if method == "sera" else "none", "pilot_m": 8},
+        "method": {"name": method, "estimator": "pilot" if method == "sera_pilot" else "none", "pilot_m": 8},
         "data": {"name": "digits1000", "num_train": 40, "num_val": 50},
         "train": {"steps": 4, "batch_size": 10},
     }
@@ -123,13 +123,16 @@ def test_make_tables_over_no_runs_keeps_every_committed_file_and_force_writes(tm
 def test_smoke_runs_stay_in_out(tmp_path, committed, no_figures, capsys):
     runs, out = tmp_path / "runs", tmp_path / "out"
     classification_run(runs, "maxrl", 0, pass1=0.4, scale="smoke")
-    classification_run(runs, "sera", 0, pass1=0.6, scale="smoke")
+    classification_run(runs, "sera_pilot", 0, pass1=0.6, scale="smoke")
     before = files(committed)
     args = ["--runs", str(runs), "--out", str(out), "--results", str(committed)]
     report.main(["--scale", "smoke", *args, "--force"])  # not even the explicit choice copies smoke tables
     assert files(committed) == before
     assert "imagenet-smoke/table2: smoke scale, left in paper_figures/out/ only" in capsys.readouterr().out
-    assert "| 16 | SERA | reproduced (digits1000, smoke) | 1 |" in (out / "imagenet-smoke" / "table2.md").read_text()
+    assert (
+        "| 16 | SERA with pilots | reproduced (digits1000, smoke) | 1 |"
+        in (out / "imagenet-smoke" / "table2.md").read_text()
+    )
     report.main(["--scale", "cpu", *args])  # the smoke tables now in out/ are not this build's: not copied
     assert files(committed) == before
 
@@ -163,26 +166,33 @@ def test_fewer_seeds_in_one_row_keeps_the_whole_table_and_force_names_its_cells(
     results, three, one = tmp_path / "results", tmp_path / "three", tmp_path / "one"
     for seed in range(3):
         classification_run(three, "maxrl", seed, pass1=0.40)
-        classification_run(three, "sera", seed, pass1=0.60 + 0.03 * seed)
+        classification_run(three, "sera_pilot", seed, pass1=0.60 + 0.03 * seed)
         classification_run(one, "maxrl", seed, pass1=0.40)
-    classification_run(one, "sera", 0, pass1=0.60)
+    classification_run(one, "sera_pilot", 0, pass1=0.60)
 
     said = publish(build(three, tmp_path / "out", only=TABLE2), results, capsys=capsys)
     assert f"{TABLE2}: added to {results}" in said and (results / report.REPORT).exists()
     committed = files(results)
-    assert "| 16 | SERA | reproduced (digits1000, cpu) | 3 |" in committed["imagenet-cpu/table2.md"].decode()
+    assert (
+        "| 16 | SERA with pilots | reproduced (digits1000, cpu) | 3 |" in committed["imagenet-cpu/table2.md"].decode()
+    )
 
     tables = build(one, tmp_path / "out", only=TABLE2)
     said = publish(tables, results, capsys=capsys)
     assert files(results) == committed
-    assert 'row "16 | SERA": seeds: 1 here, 3 in results/' in said and 'row "16 | MaxRL":' not in said
+    assert 'row "16 | SERA with pilots": seeds: 1 here, 3 in results/' in said and 'row "16 | MaxRL":' not in said
 
     said = publish(tables, results, force={TABLE2}, capsys=capsys)
     assert f"{TABLE2}: written over the committed table (FORCE), poorer" in said
-    assert 'imagenet-cpu/table2.md, row "16 | SERA", seeds: 3 -> 1' in said
-    assert 'imagenet-cpu/table2.md, row "16 | SERA", Pass@1: 63.00 -> 60.00' in said  # mean of .60, .63, .66
+    assert 'imagenet-cpu/table2.md, row "16 | SERA with pilots", seeds: 3 -> 1' in said
+    assert (
+        'imagenet-cpu/table2.md, row "16 | SERA with pilots", Pass@1: 63.00 -> 60.00' in said
+    )  # mean of .60, .63, .66
     assert 'row "16 | MaxRL"' not in said  # its numbers are the same
-    assert "| 16 | SERA | reproduced (digits1000, cpu) | 1 |" in (results / "imagenet-cpu" / "table2.md").read_text()
+    assert (
+        "| 16 | SERA with pilots | reproduced (digits1000, cpu) | 1 |"
+        in (results / "imagenet-cpu" / "table2.md").read_text()
+    )
 
 
 def test_a_stale_report_beside_unchanged_tables_is_rewritten(tmp_path, capsys):
@@ -191,11 +201,11 @@ def test_a_stale_report_beside_unchanged_tables_is_rewritten(tmp_path, capsys):
     results, runs = tmp_path / "results", tmp_path / "runs"
     for seed in range(3):
         classification_run(runs, "maxrl", seed, pass1=0.40)
-        classification_run(runs, "sera", seed, pass1=0.60)
+        classification_run(runs, "sera_pilot", seed, pass1=0.60)
     tables = build(runs, tmp_path / "out", only=TABLE2)
     publish(tables, results, capsys=capsys)
     fresh = (results / report.REPORT).read_text()
-    (results / report.REPORT).write_text(fresh.replace("| 16 | SERA |", "| 16 | SERA (an old row) |"))
+    (results / report.REPORT).write_text(fresh.replace("| 16 | SERA with pilots |", "| 16 | SERA (an old row) |"))
 
     said = publish(tables, results, capsys=capsys)
     assert f"{TABLE2}: unchanged" in said and f"the sections of {TABLE2} differed from their unchanged tables" in said
@@ -224,13 +234,15 @@ def test_a_richer_build_waits_for_the_explicit_choice(tmp_path, capsys):
 def test_an_unfinished_run_makes_a_poorer_build(tmp_path, capsys):
     results, runs = tmp_path / "results", tmp_path / "runs"
     classification_run(runs, "maxrl", 0)
-    sera = classification_run(runs, "sera", 0)
+    sera = classification_run(runs, "sera_pilot", 0)
     publish(build(runs, tmp_path / "out", only=TABLE2), results, capsys=capsys)
     committed = files(results)
     (sera / DONE_FILE).unlink()  # e.g. rerun with a longer schedule and stopped
     said = publish(build(runs, tmp_path / "out", only=TABLE2), results, capsys=capsys)
     assert files(results) == committed
-    assert 'row "16 | SERA": not in this build (this build has "16 | SERA (unfinished)")' in said
+    assert (
+        'row "16 | SERA with pilots": not in this build (this build has "16 | SERA with pilots (unfinished)")' in said
+    )
 
 
 def test_force_names_are_checked_before_any_work(tmp_path, capsys):

@@ -28,7 +28,7 @@ def test_sera_step_equals_the_suites_loss(tmp_path, loss_type):
     n_i on the groups the rows show, and the step's gradient is sera.losses.pg_loss's on the same completions (dapo,
     cispo, vespo: token-mean; dr_grpo: seqnorm; grpo, sapo: seq-mean-token-mean)."""
     overrides = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
-    check_step(trl_toy.one_step(tmp_path, "sera", loss_type, **overrides))
+    check_step(trl_toy.one_step(tmp_path, "sera_pilot", loss_type, **overrides))
 
 
 def test_maxrl_keeps_trls_layout(tmp_path):
@@ -62,15 +62,15 @@ ENV = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 @pytest.mark.slow
 def test_the_authors_rule_in_two_processes(tmp_path):
-    """sera_authors under torchrun, two CPU processes: the second step (epoch 1 of the Beta history) allocates by the
+    """sera under torchrun, two CPU processes: the second step (epoch 1 of the Beta history) allocates by the
     active-set rule on the gathered outcomes, both processes alike, and passes SERA's step checks."""
     out = tmp_path / "two.json"
-    cmd = [*TORCHRUN, "-m", "tests.trl_toy", str(out), "sera_authors", "dapo"]
+    cmd = [*TORCHRUN, "-m", "tests.trl_toy", str(out), "sera", "dapo"]
     done = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
     (r,) = json.loads(out.read_text())
     assert r["world"] == 2
-    check_step(r, "sera_authors")
+    check_step(r, "sera")
 
 
 @pytest.mark.slow
@@ -79,7 +79,7 @@ def test_two_processes(tmp_path):
     to B x n0, every group holds one prompt, the advantages are MaxRL x n0 / n_i on the gathered rewards, and the
     gradient after DDP's all-reduce is the suite's loss over all rows (token-mean and seqnorm)."""
     out = tmp_path / "two.json"
-    cmd = [*TORCHRUN, "-m", "tests.trl_toy", str(out), "sera", "dapo,dr_grpo"]
+    cmd = [*TORCHRUN, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo,dr_grpo"]
     done = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
     for r in json.loads(out.read_text()):
@@ -164,8 +164,8 @@ def test_a_non_binary_reward_stops_the_first_step(tmp_path, value, message):
         ({"num_generations": 8, "pilot_m": 8}, "SERA cannot reallocate"),  # TRL's default n0 with SERA's 8 pilots
         ({"n_max": 8}, "SERA cannot reallocate"),  # no prompt may take more than n0: every one gets n0
         ({"scale_rewards": "group"}, "scale_rewards='group' is not honoured"),
-        ({"method": "sera_authors", "estimator": "pilot", "pilot_m": 4}, "authors' epoch-frozen Beta history"),
-        ({"method": "sera_authors", "active_threshold": 1.5}, "threshold must lie in"),
+        ({"method": "sera", "estimator": "pilot", "pilot_m": 4}, "authors' epoch-frozen Beta history"),
+        ({"method": "sera", "active_threshold": 1.5}, "threshold must lie in"),
         ({"active_threshold": 0.1}, "authors' active-set rule"),  # the suite's rule has no active set
     ],
 )
@@ -194,9 +194,9 @@ def unused_tool(x: int) -> int:
         ({"entropy_coef": 0.01}, {}, "multiplicity correction"),
         ({"estimator": "history", "prompt_id_column": "qid"}, {}, "'qid'"),
         ({"estimator": "history", "remove_unused_columns": True}, {}, "remove_unused_columns"),
-        ({"method": "sera_authors", "remove_unused_columns": False, "prompt_id_column": "qid"}, {}, "'qid'"),
+        ({"method": "sera", "remove_unused_columns": False, "prompt_id_column": "qid"}, {}, "'qid'"),
         (
-            {"method": "sera_authors", "remove_unused_columns": False},
+            {"method": "sera", "remove_unused_columns": False},
             {"train_dataset": trl_toy.dataset(size=2)},
             "epochs of B = 4 prompts",
         ),
@@ -236,7 +236,7 @@ def test_readme_example_runs_as_written(tmp_path, monkeypatch):
     namespace = {}
     exec(compile(readme_example(), "docs/trl.md", "exec"), namespace)  # noqa: S102 - the page's own example
     trainer = namespace["trainer"]
-    assert trainer.state.global_step == 5 and trainer.last_step.counts.sum() == 4 * 8
+    assert trainer.state.global_step == 6 and trainer.last_step.counts.sum() == 5 * 8
     steps = trainer.state.log_history[:-1]  # the example shows SERA at work: mixed rewards, unequal counts, a gradient
     assert any(0 < log["reward"] < 1 for log in steps) and any(log["grad_norm"] > 0 for log in steps)
     assert any(log["alloc/n_max"] > log["alloc/n_min"] for log in steps)
@@ -266,7 +266,7 @@ def test_launch_script_runs_on_the_cpu(tmp_path):
     from examples.trl_math import main
 
     common = ["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2",
-              "--n0", "8", "--pilot-m", "4", "--max-completion-length", "16", "--cpu",
+              "--n0", "8", "--method", "sera_pilot", "--pilot-m", "4", "--max-completion-length", "16", "--cpu",
               "--output-dir", str(tmp_path)]  # fmt: skip
     trainer = main([*common, "--steps", "1"])
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 2 * 8
@@ -298,10 +298,10 @@ def test_generation_rounds_per_step(tmp_path, monkeypatch, estimator, calls_per_
 
 
 def test_the_authors_rule_step_equals_the_suites_loss(tmp_path):
-    """method=sera_authors, one process: a dataset of B prompts makes each step an epoch, so the second step allocates
+    """method=sera, one process: a dataset of B prompts makes each step an epoch, so the second step allocates
     from the first's outcomes by the active-set rule; its rows, advantages (MaxRL x n0 / n_i on the true groups) and
     gradient are checked as SERA's are."""
-    check_step(trl_toy.one_step(tmp_path, "sera_authors"), "sera_authors")
+    check_step(trl_toy.one_step(tmp_path, "sera"), "sera")
 
 
 def test_the_authors_rule_reads_the_beta_history_by_epoch_and_resumes(tmp_path):
@@ -312,7 +312,7 @@ def test_the_authors_rule_reads_the_beta_history_by_epoch_and_resumes(tmp_path):
     from sera.allocation import active_waterline
 
     data = trl_toy.dataset(size=8)
-    args = trl_toy.config(tmp_path, method="sera_authors", max_steps=4, save_strategy="steps", save_steps=1,
+    args = trl_toy.config(tmp_path, method="sera", max_steps=4, save_strategy="steps", save_steps=1,
                           remove_unused_columns=False)  # fmt: skip
 
     def train(resume=None):

@@ -96,8 +96,10 @@ def settings(out_dir, world: int = 1, prompts: int = 4) -> dict:
 
 
 def config(out_dir, world: int = 1, prompts: int = 4, **overrides) -> SERAGRPOConfig:
-    """SERAGRPOConfig on these settings; SERA with pilots takes PILOT_M of them unless told otherwise."""
-    pilots = overrides.get("method", "sera") == "sera" and overrides.get("estimator", "pilot") == "pilot"
+    """SERAGRPOConfig on these settings, the suite's first rule (sera_pilot) unless told otherwise; with pilots it
+    takes PILOT_M of them."""
+    overrides = {"method": "sera_pilot", **overrides}
+    pilots = overrides["method"] == "sera_pilot" and overrides.get("estimator", "pilot") == "pilot"
     return SERAGRPOConfig(**settings(out_dir, world, prompts) | ({"pilot_m": PILOT_M} if pilots else {}) | overrides)
 
 
@@ -187,9 +189,9 @@ def suite_gradient(config, state, output, coefficients, aggregation, totals) -> 
     return grads
 
 
-def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool = False, **overrides) -> dict:
+def one_step(out_dir, method: str = "sera_pilot", loss_type: str = "dapo", vllm: bool = False, **overrides) -> dict:
     """Train one step and return its checks (the same on every process). vllm: generate with vLLM in colocate mode
-    (the vLLM-sized toy model, saved under out_dir). method=sera_authors trains two steps on a dataset of B prompts,
+    (the vLLM-sized toy model, saved under out_dir). method=sera trains two steps on a dataset of B prompts,
     so that each step is an epoch of its Beta history, and checks the second: the first epoch is uniform."""
     world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's processes
     path = None
@@ -200,7 +202,7 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
         # suite's loss, off so that the gradient is compared with the suite's alone
         overrides = {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": False,
                      **overrides}  # fmt: skip
-    authors = method == "sera_authors"
+    authors = method == "sera"
     if authors:
         overrides = {"max_steps": 2, "remove_unused_columns": False, **overrides}
     args = config(out_dir, world, method=method, loss_type=loss_type, **overrides)
@@ -276,7 +278,7 @@ def one_step(out_dir, method: str = "sera", loss_type: str = "dapo", vllm: bool 
     }
 
 
-def check_step(r: dict, method: str = "sera") -> None:
+def check_step(r: dict, method: str = "sera_pilot") -> None:
     """A step's checks (tests/trl_toy.one_step): the budget, one prompt per group, MaxRL x n0 / n_i, the gradient."""
     assert r["counts_sum"] == r["rows"] == r["budget"]  # B x n0 completions, as TRL counts them
     assert r["counts_by_prompt"] == r["trainer_counts"]  # the groups TRL's rows show are the trainer's
@@ -290,7 +292,7 @@ def check_step(r: dict, method: str = "sera") -> None:
     assert logs["frac_reward_zero_std"] == pytest.approx(r["frac_zero_std"])  # on the true groups
     assert logs["completions/mean_length"] == pytest.approx(r["mean_length"])  # over both draws of the step
     assert ("alloc/p_hat_mean" in logs) == (method != "maxrl")
-    assert ("alloc/tau" in logs) == (method == "sera")
+    assert ("alloc/tau" in logs) == (method == "sera_pilot")
     # `reward` means what it means in a uniform run; the mean over SERA's allocated rows has a name of its own
     assert logs["reward"] == pytest.approx(r["prompt_mean_reward"])
     assert logs["reward_allocated"] == pytest.approx(r["row_mean_reward"])
@@ -303,7 +305,7 @@ def main(argv: list[str]) -> None:
 
     vllm, launched = "--vllm" in argv, "--accelerate" in argv
     argv = [a for a in argv if a not in ("--vllm", "--accelerate")]
-    out, method, loss_types = argv[0], *(argv[1:] + ["sera", "dapo"][len(argv) - 1 :])
+    out, method, loss_types = argv[0], *(argv[1:] + ["sera_pilot", "dapo"][len(argv) - 1 :])
     torch.set_num_threads(1)
     results = []
     for loss_type in loss_types.split(","):

@@ -4,8 +4,8 @@ The classifier's softmax is the policy; a rollout is a label sampled from it, re
 p = softmax[y*] is exact, the CE gradient is the exact likelihood gradient, and Pass@K = 1 - (1 - p)^K in closed form.
 
 Run (one run; its directory is named from the config, and the same command resumes an interrupted run):
-    python -m experiments.imagenet.train method=sera n0=16                 # digits1000 on the CPU
-    python -m experiments.imagenet.train method=sera method.estimator=history method.pilot_m=0
+    python -m experiments.imagenet.train method=sera n0=16                 # gauss1000 on the CPU, the authors' rule
+    python -m experiments.imagenet.train method=sera_pilot method.estimator=history method.pilot_m=0
     python -m experiments.imagenet.train scale=imagenet/smoke method=maxrl  # seconds
     torchrun --nproc_per_node=8 -m experiments.imagenet.train scale=imagenet/paper data.root=/data/imagenet method=sera
 The grid of the paper's Table 2 is `make reproduce-imagenet`; the pilot-size ablation (Table 3) `make ablate-pilot`.
@@ -102,7 +102,7 @@ def run_name(cfg, settings: MethodSettings, default: dict | None = None) -> str:
     differs from `default` (None: the scale's and method's, from Hydra), seed; run.name when set. Never a timestamp."""
     if cfg.run.name:
         return cfg.run.name
-    stem = settings.method.name + settings.variant() + (f"_n0-{settings.n0}" if settings.is_rl else "")
+    stem = settings.method.folder_name + settings.variant() + (f"_n0-{settings.n0}" if settings.is_rl else "")
     default = default if default is not None else identity.hydra_default()
     return identity.run_name(stem, cfg.seed, OmegaConf.to_container(cfg, resolve=True), default)
 

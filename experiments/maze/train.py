@@ -1,10 +1,11 @@
 """Maze navigation (the paper's Table 4): a small Llama policy learns to solve mazes with GRPO, MaxRL or SERA.
 
 Run (one run; the base SFT model is trained on first use and shared; the same command resumes an interrupted run):
-    python -m experiments.maze.train method=sera                                  # CPU default
+    python -m experiments.maze.train method=sera_pilot                            # CPU default, fresh mazes
+    python -m experiments.maze.train scale=maze/cpu_pool method=sera              # the authors' rule: a fixed pool
     python -m experiments.maze.train method=maxrl method.aggregation=seqnorm
     python -m experiments.maze.train scale=maze/smoke method=grpo                 # seconds
-    python -m experiments.maze.train scale=maze/paper method=sera                 # 17x17, maze-3m (GPU advised)
+    python -m experiments.maze.train scale=maze/paper method=sera_pilot           # 17x17, maze-3m (GPU advised)
 The grid of Table 4 is `make reproduce-maze`.
 """
 

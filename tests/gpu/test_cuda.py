@@ -49,7 +49,7 @@ def test_sera_step_on_the_gpu_equals_the_cpu_step(aggregation):
     """One SERA step (pilots, waterline, the rest, micro-batched backward): the same counts, rewards and gradient."""
     out = []
     for device in ("cpu", "cuda"):
-        ms, ls = settings(loop_cfg("sera", "pilot", 2, aggregation, micro=5))
+        ms, ls = settings(loop_cfg("sera_pilot", "pilot", 2, aggregation, micro=5))
         model = on(device, tiny_model())
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         metrics = rl_step(
@@ -72,7 +72,7 @@ def test_a_bf16_policy_trains():
     exact = response_logprobs(tiny_model(), PROMPTS, out, PAD).detach()  # float32 on the CPU
     assert out.mask.sum() > 0
     torch.testing.assert_close(out.logprobs * out.mask, exact * out.mask, atol=5e-2, rtol=0)
-    ms, ls = settings(loop_cfg("sera", "pilot", 2, "token-mean"))
+    ms, ls = settings(loop_cfg("sera_pilot", "pilot", 2, "token-mean"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = rl_step(
@@ -85,7 +85,7 @@ def test_a_bf16_policy_trains():
 
 def entry_point(tmp_path, study, *overrides):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", f"experiments.{study}.train", f"scale={study}/smoke", "device=cuda", "method=sera",
+    cmd = [sys.executable, "-m", f"experiments.{study}.train", f"scale={study}/smoke", "device=cuda", "method=sera_pilot",
            "method.pilot_m=2", f"run.root={tmp_path}", "threads=1", *overrides]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -104,7 +104,7 @@ def test_entry_point_on_the_gpu(tmp_path, study):
     assert any(k.startswith("eval/") and k.endswith("/pass@1") for k in records[-1])
 
 
-@pytest.mark.parametrize("method", ["sera", "maxrl"])
+@pytest.mark.parametrize("method", ["sera_pilot", "maxrl"])
 def test_trl_step_on_the_gpu_in_bf16(tmp_path, method):
     """SERAGRPOTrainer on the GPU with bf16=True: the budget, one prompt per group and MaxRL x n0 / n_i hold exactly
     (they come from the rewards); the gradient equals the suite's float32 loss up to bf16 autocast's rounding."""
@@ -112,7 +112,7 @@ def test_trl_step_on_the_gpu_in_bf16(tmp_path, method):
     assert r["device"] == "cuda"
     assert r["counts_sum"] == r["rows"] == r["budget"] and r["counts_by_prompt"] == r["trainer_counts"]
     assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["groups_distinct"] and r["rewards_match"]
-    assert r["nonuniform"] == (method == "sera")
+    assert r["nonuniform"] == (method == "sera_pilot")
     assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
     assert r["grad_scale"] > 0 and r["grad_error"] <= 3e-2 * r["grad_scale"]
 
@@ -141,7 +141,7 @@ def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
     out = tmp_path / "step.json"
     launch = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file", str(config)]
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    done = subprocess.run([*launch, "-m", "tests.trl_toy", str(out), "sera", "dapo", "--accelerate"], cwd=root,
+    done = subprocess.run([*launch, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo", "--accelerate"], cwd=root,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     import json

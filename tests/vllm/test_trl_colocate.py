@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 BF16_ATOL = 0.02  # log-prob agreement of a bfloat16 vLLM with the float32 model (0.003-0.006 measured)
 
 
-@pytest.mark.parametrize("method", ["sera", "maxrl"])
+@pytest.mark.parametrize("method", ["sera_pilot", "maxrl"])
 def test_a_step_with_vllm_colocate_equals_the_suites(tmp_path, method):
     """vLLM generates; the counts sum to B x n0, each group holds one prompt, the advantages are MaxRL x n0 / n_i on
     the groups the rows show, and the gradient is the suite's loss on the same completions."""
@@ -38,7 +38,7 @@ def test_two_processes_with_vllm_colocate(tmp_path):
     out = tmp_path / "two.json"
     torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*torchrun, "-m", "tests.trl_toy", str(out), "sera", "dapo", "--vllm"], env=env, cwd=ROOT,
+    done = subprocess.run([*torchrun, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo", "--vllm"], env=env, cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
     for r in json.loads(out.read_text()):
