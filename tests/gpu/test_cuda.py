@@ -85,8 +85,8 @@ def test_a_bf16_policy_trains():
 
 def entry_point(tmp_path, study, *overrides):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", f"experiments.{study}.train", f"scale={study}/smoke", "device=cuda", "method=sera_pilot",
-           "method.pilot_m=2", f"run.root={tmp_path}", "threads=1", *overrides]  # fmt: skip
+    cmd = [sys.executable, "-m", f"experiments.{study}.train", f"scale={study}/smoke", "device=cuda",
+           "method=sera_pilot", "method.pilot_m=2", f"run.root={tmp_path}", "threads=1", *overrides]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = [p for p in tmp_path.rglob("DONE") if not p.parent.name.startswith("base")]

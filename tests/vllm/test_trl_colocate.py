@@ -38,8 +38,8 @@ def test_two_processes_with_vllm_colocate(tmp_path):
     out = tmp_path / "two.json"
     torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*torchrun, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo", "--vllm"], env=env, cwd=ROOT,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run([*torchrun, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo", "--vllm"], env=env,
+                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
     for r in json.loads(out.read_text()):
         assert r["world"] == 2
