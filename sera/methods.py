@@ -58,8 +58,17 @@ METHODS = {
         Method("maxrl", "MaxRL", "maxrl"),
         # the suite's first rule: every prompt, 8 pilots reused in the group (docs/design.md section 2); its runs'
         # folders keep the name `sera` it had until 2026-12-06
-        Method("sera_pilot", "SERA with pilots", "maxrl", "waterline", True, "pilot", pilot_m=8, baseline="maxrl",
-               folder="sera"),
+        Method(
+            "sera_pilot",
+            "SERA with pilots",
+            "maxrl",
+            "waterline",
+            True,
+            "pilot",
+            pilot_m=8,
+            baseline="maxrl",
+            folder="sera",
+        ),
         # SERA as its authors run it (docs/design.md section 2.7): the exact p on the classifier, their Beta history
         # on the language models, their active set; its runs' folders keep the name `sera_authors` it had before
         Method("sera", "SERA", "maxrl", "active", True, "oracle", baseline="maxrl", folder="sera_authors"),
