@@ -41,6 +41,7 @@ ADDED_DEFAULTS = {
     ("alloc", "threshold"): None,
     ("model", "zero_head"): False,
     ("task", "pool_order"): "step",
+    ("optim", "warmup_epochs"): None,
 }
 
 

@@ -423,3 +423,18 @@ def test_sera_authors_through_the_real_entry_point(tmp_path):
     rl = [r for r in records if "alloc/rollouts" in r]
     assert rl and all(r["alloc/rollouts"] == r["alloc/budget"] == 16 * 16 for r in rl)
     assert all(1 <= r["alloc/active"] <= 16 for r in rl) and any(r["alloc/active"] < 16 for r in rl)
+
+
+def test_the_warm_up_can_be_given_in_epochs_as_the_authors_recipe_does():
+    """optim.warmup_epochs: the linear warm-up lasts that many epochs of the training set (the paper scale: 2); it
+    replaces optim.warmup_steps, which must then be 0."""
+    cfg = cfg_for("scale=imagenet/smoke", "optim.warmup_steps=0", "optim.warmup_epochs=2")
+    train.validate(cfg)
+    assert train.warmup_steps(cfg.optim, steps_per_epoch=5) == 10
+    lrs = [train.lr_at(cfg, step, 0, 100, warmup=10) / cfg.optim.lr for step in (0, 4, 9, 10, 50)]
+    assert lrs == pytest.approx([0.1, 0.5, 1.0, 1.0, 1.0])  # smoke's schedule is constant after the warm-up
+    assert train.warmup_steps(cfg_for("scale=imagenet/smoke").optim, steps_per_epoch=5) == 2  # warmup_steps as before
+    with pytest.raises(ValueError, match="one warm-up length"):
+        train.validate(cfg_for("scale=imagenet/smoke", "optim.warmup_epochs=2"))  # smoke keeps warmup_steps=2
+    paper = cfg_for("scale=imagenet/paper", "data.root=/nonexistent")
+    assert (paper.optim.warmup_steps, paper.optim.warmup_epochs) == (0, 2)

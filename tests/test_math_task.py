@@ -263,6 +263,25 @@ def test_download_only_when_asked_then_offline(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+def test_the_authors_math_level_3_to_5_set_keeps_the_first_8192_of_its_file(tmp_path, monkeypatch):
+    """simplerl-math35 (the SERA authors' Qwen2.5-Math training set): one file of SimpleRL-Zoo's hub repository, its
+    first 8,192 rows, question and gt_answer; offline without a local copy it names the hub dataset."""
+    monkeypatch.setattr(data, "_download", lambda *a: pytest.fail("nothing may be downloaded unless asked"))
+    with pytest.raises(FileNotFoundError, match="hkust-nlp/SimpleRL-Zoo-Data"):
+        load_dataset_spec("simplerl-math35", data_dir=tmp_path)
+    calls = []
+
+    def fake_download(spec, split):
+        calls.append((spec.hub, spec.data_files, split))
+        return [{"question": f"Q{i}", "gt_answer": str(i)} for i in range(8500)]
+
+    monkeypatch.setattr(data, "_download", fake_download)
+    problems = load_dataset_spec("simplerl-math35", data_dir=tmp_path, allow_download=True)
+    assert calls == [("hkust-nlp/SimpleRL-Zoo-Data", "simplelr_qwen_level3to5/train.parquet", "train")]
+    assert len(problems) == 8192 and problems[-1]["question"] == "Q8191" and problems[-1]["answer"] == "8191"
+    assert len(load_dataset_spec("simplerl-math35", data_dir=tmp_path)) == 8192  # the local copy, offline
+
+
 def test_bad_files_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="'answer'"):
         load_dataset_spec(write_rows(tmp_path / "a.jsonl", [{"question": "q"}]))

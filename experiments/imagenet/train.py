@@ -94,6 +94,9 @@ def validate(cfg) -> MethodSettings:
     if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine"):
         raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine")
     check_optim(cfg.optim)
+    epochs = cfg.optim.get("warmup_epochs")
+    if epochs is not None and (not isinstance(epochs, int | float) or epochs < 0 or cfg.optim.warmup_steps):
+        raise ValueError(f"optim.warmup_epochs={epochs!r} must be >= 0, with optim.warmup_steps=0 (one warm-up length)")
     return settings
 
 
@@ -130,10 +133,18 @@ def evaluate(model, val_batches, ks, device) -> tuple[dict, np.ndarray]:
     return metrics, p
 
 
-def lr_at(cfg, step: int, phase_start: int, phase_end: int) -> float:
-    """Linear warmup from the phase's start, then constant or cosine decay to the phase's end."""
+def warmup_steps(optim, steps_per_epoch: int) -> int:
+    """The linear warm-up's length in steps: optim.warmup_epochs of the training set where set (the authors'
+    ImageNet recipe: 2 epochs), else optim.warmup_steps."""
+    epochs = optim.get("warmup_epochs")
+    return optim.warmup_steps if epochs is None else round(epochs * steps_per_epoch)
+
+
+def lr_at(cfg, step: int, phase_start: int, phase_end: int, warmup: int | None = None) -> float:
+    """Linear warmup (`warmup` steps; None: optim.warmup_steps) from the phase's start, then constant or cosine decay
+    to the phase's end."""
     t = step - phase_start
-    factor = min(1.0, (t + 1) / max(1, cfg.optim.warmup_steps))
+    factor = min(1.0, (t + 1) / max(1, cfg.optim.warmup_steps if warmup is None else warmup))
     if cfg.optim.schedule == "cosine":
         factor *= 0.5 * (1 + math.cos(math.pi * t / max(1, phase_end - phase_start)))
     return cfg.optim.lr * factor
@@ -351,7 +362,7 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
             tr.optimizer = make_optimizer(cfg, tr.params)
         phase = (0, warm) if step < warm else (warm, total_steps)
         for group in tr.optimizer.param_groups:
-            group["lr"] = lr_at(cfg, step, *phase)
+            group["lr"] = lr_at(cfg, step, *phase, warmup=warmup_steps(cfg.optim, tr.stream.steps_per_epoch))
         rl_step = rl and step >= warm
         idx, x, y, drawn, metrics = next_images(settings, tr, cfg.train.batch_size, device, sequential and rl_step)
         cos_due = (step - warm) % cfg.eval.grad_cos_every == 0

@@ -16,6 +16,7 @@ Fetch one set (on a machine with hub access):
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ class HubSpec:
     """Native field whose non-empty text is put before the question (OlympiadBench's shared problem context)."""
     keep: Callable[[dict], bool] | None = None
     """Rows for which this is False are dropped (before ids are assigned)."""
+    data_files: str | None = None
+    """A file inside the hub repository that holds the split (passed to datasets.load_dataset), when it has several."""
+    first: int | None = None
+    """Only the first this many rows are kept (after `keep`)."""
 
 
 # Hub ids and field names follow public loaders of these sets; the ones marked "unverified" were not checked against
@@ -65,6 +70,16 @@ REGISTRY: dict[str, HubSpec] = {
     # the original is Hothan/OlympiadBench, config OE_TO_maths_en_COMP, split train. Context field: unverified.
     "olympiadbench": HubSpec("math-ai/olympiadbench", "test", answer="final_answer", id="id", context="context"),
     "polaris": HubSpec("POLARIS-Project/Polaris-Dataset-53K", "train", question="problem"),
+    # The SERA authors' Qwen2.5-Math-1.5B training set: 8,192 MATH level 3-5 problems from SimpleRL-Zoo's data. Their
+    # repository does not say which 8,192 of the file's rows; the suite keeps the first 8,192. File and field names:
+    # unverified (SimpleRL-Zoo's level-3-to-5 file, its question and gt_answer fields).
+    "simplerl-math35": HubSpec(
+        "hkust-nlp/SimpleRL-Zoo-Data",
+        "train",
+        answer="gt_answer",
+        data_files="simplelr_qwen_level3to5/train.parquet",
+        first=8192,
+    ),
 }
 _BY_HUB = {spec.hub: slug for slug, spec in REGISTRY.items()}
 
@@ -89,7 +104,8 @@ def to_problems(rows: Iterable[dict], spec: HubSpec | None, id_prefix: str) -> l
     q_field, a_field = (spec.question, spec.answer) if spec else ("question", "answer")
     id_field = spec.id if spec else "id"
     problems, seen = [], set()
-    for index, row in enumerate(r for r in rows if spec is None or spec.keep is None or spec.keep(r)):
+    kept = (r for r in rows if spec is None or spec.keep is None or spec.keep(r))
+    for index, row in enumerate(itertools.islice(kept, spec.first if spec else None)):
         for field in (q_field, a_field):
             if field not in row:
                 raise ValueError(f"row {index} has no {field!r} field (fields: {sorted(row)}); pass fields=<slug>")
@@ -191,4 +207,6 @@ def _from_file(path: Path, spec: HubSpec | None, id_prefix: str) -> list[dict]:
 def _download(spec: HubSpec, split: str) -> list[dict]:
     import datasets
 
+    if spec.data_files is not None:
+        return list(datasets.load_dataset(spec.hub, data_files={split: spec.data_files}, split=split))
     return list(datasets.load_dataset(spec.hub, spec.config, split=split))
