@@ -168,8 +168,9 @@ IF_FINISHED ?= skip
 AGGREGATIONS ?= token-mean,seqnorm
 BASELINES ?= 1
 # The SERA that a maze or math grid runs beside MaxRL: sera_pilot (the suite's first rule, claims C1-C4) or sera (the
-# authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool)
-SERA ?= sera_pilot
+# authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool); the
+# paper scales run the authors' rule
+SERA ?= $(if $(filter paper,$(SCALE)),sera,sera_pilot)
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
 	$(LAUNCH)
 MAZE_SEEDS ?= 0

@@ -257,3 +257,21 @@ def test_the_authors_rule_on_the_maze_needs_a_pool_read_in_epochs(overrides, mat
         cfg = compose("maze", ["scale=maze/smoke", "method=sera", *overrides])
     with pytest.raises(ValueError, match=match):
         train.validate(cfg)
+
+
+def test_the_paper_scale_follows_the_authors_maze_recipe():
+    """scale=maze/paper: n0 = 128, B = 256, 3000 steps, 180 tokens, lr 1e-4, 7,424 fixed mazes read in epochs (29
+    steps an epoch), and method=sera (their rule) with its Beta history and n_max = 4 n0 = 512."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from experiments.maze import train
+
+    configs = str(Path(__file__).resolve().parents[1] / "configs")
+    with initialize_config_dir(config_dir=configs, version_base=None):
+        cfg = compose("maze", ["scale=maze/paper", "method=sera", "device=cpu"])
+    settings, loop = train.validate(cfg)
+    assert (cfg.n0, loop.batch_size, loop.steps, cfg.max_new_tokens, loop.lr) == (128, 256, 3000, 180, 1e-4)
+    assert (cfg.task.pool_size, cfg.task.pool_order, cfg.task.pool_size // loop.batch_size) == (7424, "epoch", 29)
+    assert (settings.estimator, settings.n_min, settings.n_max) == ("beta", 2, 512)
