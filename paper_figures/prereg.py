@@ -57,6 +57,7 @@ class Claim:
     retrained: tuple[int, ...] = ()  # seeds read from the RETRAINED folder (their base model trained again)
     claimed: int = +1  # the sign the claim states: +1 above zero (SERA above MaxRL), -1 below (a loss)
     scale: str | None = None  # the runs' folder is <study>-<scale>; None: the table's scale
+    exploratory: bool = False  # labelled exploratory in the registration: its interval is shown, nothing decided
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,8 @@ def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> 
         diffs = differences(runs, claim, steps_read, retrained)
         values = [diffs[s] for s in seeds if s in diffs]
         cell, decision, versus = decide(values, len(seeds), claim.paper, claim.claimed)
+        if claim.exploratory and not decision.startswith("in progress"):
+            decision, versus = "exploratory: decides nothing", ""
         label = f"{min(seeds)}-{max(seeds)}" if len(seeds) > 1 else str(seeds[0])
         each = ", ".join(f"{seed}: {diffs[seed]:+.2f}" for seed in seeds if seed in diffs)
         out.append(

@@ -250,3 +250,12 @@ def test_a_power_plan_takes_the_larger_sd_and_keeps_to_its_minimum_and_cap(tmp_p
     assert noisy["sd"] == pytest.approx(30 / 2.56) and noisy["seeds"] > calm["seeds"]
     hopeless = plan_for((-30, 0, 30), cap=calm["seeds"])
     assert hopeless["underpowered"] and hopeless["seeds"] == calm["seeds"] and hopeless["needed"] is None
+
+
+def test_an_exploratory_row_shows_its_interval_and_decides_nothing(tmp_path):
+    claim = replace(CLAIM, name="E", tested="sera", against="sera_pilot", exploratory=True, new_seeds=())
+    for seed, (a, b) in enumerate([(40, 10), (41, 10), (42, 10)]):  # far above zero at every seed
+        maze_run(tmp_path, "sera", seed, steps([a, 10, 10, 10]))
+        maze_run(tmp_path, "sera_pilot", seed, steps([b, 10, 10, 10]))
+    primary = rows_for(tmp_path, claim)[0]
+    assert primary[3].startswith("+") and primary[4] == "exploratory: decides nothing" and primary[6] == ""
