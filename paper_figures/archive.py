@@ -36,6 +36,7 @@ from sera.runlog import (
     DONE_FILE,
     EVAL_RECORD,
     METRICS_FILE,
+    SET_ASIDE,
     VAL_P_FILE,
     RunExistsError,
     check_same_config,
@@ -61,7 +62,7 @@ def finished_runs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     runs = (p.parent.relative_to(root) for p in root.rglob(DONE_FILE))
-    return sorted(rel for rel in runs if not any(mark in rel.name for mark in PARTIAL))
+    return sorted(r for r in runs if not any(mark in r.name for mark in PARTIAL) and not r.name.endswith(SET_ASIDE))
 
 
 def save(runs: Path, archive: Path) -> list[Path]:

@@ -31,7 +31,7 @@ import yaml
 from sera.identity import result_settings
 from sera.methods import METHODS, current_names
 from sera.passk import pass_at_k
-from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE
+from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE, SET_ASIDE
 
 # Config keys that do not change what a run measures (so runs differing only in these may share a row).
 CORRUPT_FINAL = "corrupt final record"
@@ -155,7 +155,11 @@ def load_runs(root: str | Path, report=None) -> list[Run]:
     root = Path(root)
     if not root.exists():
         return []
-    runs = [load_run(p.parent) for p in sorted(root.rglob(CONFIG_FILE)) if ".sweeps" not in p.parts]
+    runs = [
+        load_run(p.parent)
+        for p in sorted(root.rglob(CONFIG_FILE))
+        if ".sweeps" not in p.parts and not p.parent.name.endswith(SET_ASIDE)  # not a base set aside for a retrain
+    ]
     for run in runs:
         for problem in run.problems:
             print(problem, file=report)

@@ -10,6 +10,7 @@ experiments/maze/train.py is the worked example.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,7 @@ from sera.config import (
 from sera.lm_loop import LoopSettings
 from sera.methods import MethodSettings, Study
 from sera.rollout import HFEngine, VLLMEngine
-from sera.runlog import ARCHIVED_FILE, RunDir, finished_summary
+from sera.runlog import ARCHIVED_FILE, RunDir, base_identity, finished_summary
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENGINES = ("hf", "vllm")
@@ -95,21 +96,45 @@ def make_engine(cfg, model, source, eos_id, pad_id):
 def base_run(path: Path, config: dict, body: Callable[[RunDir], tuple[int, dict, dict]], weights: bool = True) -> None:
     """The base (pre-RL) model's run, done once and shared by every RL run of the same settings: nothing when `path`
     holds a finished run of `config` (a different config is refused); else body(run_dir) -> (step, metrics,
-    summary extras) is logged and the run finished. `weights`: the run saves the model RL starts from (SFT), which a
-    run restored from the archive (records only) lacks: it is refused with what to do."""
+    summary extras) is logged and the run finished.
+
+    `weights`: the run saves the model RL starts from (SFT), which a run restored from the archive (records only)
+    lacks. Such a base is trained again, its archived records kept aside meanwhile (`<path>.archived`, also across an
+    interruption); when the new evaluation records equal the archived ones byte for byte, the base model reproduced
+    and RL runs from it pair with the archived runs of its seed. When they differ (another CPU or library version:
+    docs/numerics.md), the archived records go back to `path`, the retrained base is kept in `<path>.mismatch`, and
+    RuntimeError says so: RL from it would not pair with the archive."""
+    aside = path.with_name(f"{path.name}.archived")
     if finished_summary(path, config) is not None:
-        if weights and (path / ARCHIVED_FILE).exists():
-            raise FileNotFoundError(
-                f"{path} is a base run restored from results/runs with its records only, not its model weights, which "
-                f"an RL run that is not archived needs: remove {path} to train the base model again, and start the "
-                "run with the study's entry point (python -m experiments.<study>.train ...), since make reproduce-* "
-                "restores the archive first"
-            )
-        return
+        if not (weights and (path / ARCHIVED_FILE).exists()):
+            return
+        shutil.rmtree(aside, ignore_errors=True)
+        path.rename(aside)
     with RunDir(path, config) as run_dir:
         step, metrics, extra = body(run_dir)
         run_dir.log(step, metrics)
         run_dir.finish({"step": step, **metrics, **extra})
+    if aside.exists():
+        check_reproduced(path, aside)
+
+
+def check_reproduced(path: Path, archived: Path) -> None:
+    """A base trained again against its archived records (base_run): the aside copy removed when they match."""
+    if base_identity(path)["eval_sha256"] == base_identity(archived)["eval_sha256"]:
+        shutil.rmtree(archived)
+        return
+    mismatch = path.with_name(f"{path.name}.mismatch")
+    shutil.rmtree(mismatch, ignore_errors=True)
+    path.rename(mismatch)
+    archived.rename(path)
+    raise RuntimeError(
+        f"{path} was restored from results/runs with its records only, so its base model was trained again; the "
+        f"retrained model's evaluation records differ from the archived ones (another CPU or library version makes "
+        f"another model: docs/numerics.md), so RL runs from it would not pair with the archived runs of this seed. "
+        f"The archived records are back in {path}; the retrained base is in {mismatch}. Run this seed's RL runs in a "
+        "folder of their own (run.root=runs/retrained, as make reproduce-retrained does), every side of a comparison "
+        "from the same base."
+    )
 
 
 def lm_main(config_name: str, run: Callable[[DictConfig], dict], report: Callable[[dict], None] | None = None):

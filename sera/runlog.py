@@ -27,6 +27,7 @@ BASE_FILE = "base.json"  # LM studies: which base model an RL run started from (
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line: {"step": ..., "train/...": ...}
 CHECKPOINT_FILE = "checkpoint.pt"
 DONE_FILE = "DONE"  # written last; holds the final summary
+SET_ASIDE = (".archived", ".mismatch")  # a base run's folder moved aside while it is trained again (sera.lm_study)
 ARCHIVED_FILE = "ARCHIVED"  # a finished run restored from results/runs (paper_figures.archive): records only
 LOCK_FILE = "LOCK"  # held (flock) by the process running the run; holds its pid
 VAL_P_FILE = "val_p.npy"  # classifier: exact p of every validation image at the end, in validation-set order

@@ -4,6 +4,7 @@ spread over sessions skips them and builds one table from every seed."""
 import gzip
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -86,20 +87,41 @@ def test_restored_runs_are_skipped_and_read_like_the_originals(tmp_path):
     assert archive.restore(store, fresh) == [] and (restored / "DONE").read_text() == "{}"
 
 
-def test_a_restored_base_run_without_weights_is_refused_where_weights_are_needed(tmp_path):
+def test_a_restored_base_run_is_trained_again_where_weights_are_needed_and_must_reproduce(tmp_path):
+    """A base restored with its records only is trained again when an RL run needs its weights; the retrained model
+    stands only if its evaluation records equal the archived ones, else the archive's records go back and the
+    retrained base is kept aside, with an error saying its RL runs would not pair."""
     runs, store, fresh = tmp_path / "runs", tmp_path / "archive", tmp_path / "fresh"
     config = {"experiment": "maze-base", "seed": 0}
     make_run(runs / "base_seed-0", config)
     archive.save(runs, store)
     archive.restore(store, fresh)
+    archived_record = (fresh / "base_seed-0" / "eval_step3_heldout.json").read_bytes()
 
-    def body(run_dir):
+    def never(run_dir):
         raise AssertionError("a finished base run is not trained again")
 
-    base_run(runs / "base_seed-0", config, body)  # the original has its weights
-    base_run(fresh / "base_seed-0", config, body, weights=False)  # a pretrained model's evaluation needs none
-    with pytest.raises(FileNotFoundError, match="remove .*base_seed-0 to train the base model again"):
-        base_run(fresh / "base_seed-0", config, body)
+    base_run(runs / "base_seed-0", config, never)  # the original has its weights
+    base_run(fresh / "base_seed-0", config, never, weights=False)  # a pretrained model's evaluation needs none
+
+    def trains(correct):
+        def body(run_dir):
+            run_dir.write_json("eval_step3_heldout.json", {"n": 4, "correct": correct})
+            (run_dir.path / "model.safetensors").write_bytes(b"w")
+            return 3, {"eval/heldout/pass@1": 0.25}, {}
+
+        return body
+
+    with pytest.raises(RuntimeError, match="differ from the archived ones"):
+        base_run(fresh / "base_seed-0", config, trains([0, 0, 0]))  # another model
+    assert (fresh / "base_seed-0" / ARCHIVED_FILE).exists()  # the archive's records are back
+    assert (fresh / "base_seed-0" / "eval_step3_heldout.json").read_bytes() == archived_record
+    assert (fresh / "base_seed-0.mismatch" / "model.safetensors").exists()
+    assert [r.path.name for r in load_runs(fresh)] == ["base_seed-0"]  # the set-aside copy is not a run
+    assert archive.finished_runs(fresh) == [Path("base_seed-0")]
+    base_run(fresh / "base_seed-0", config, trains([1, 0, 2]))  # the same model: it stands, with its weights
+    assert (fresh / "base_seed-0" / "model.safetensors").exists()
+    assert not (fresh / "base_seed-0" / ARCHIVED_FILE).exists() and not (fresh / "base_seed-0.archived").exists()
 
 
 def test_command_line_restores_every_archived_folder_and_skips_smoke(tmp_path, capsys):
