@@ -16,7 +16,7 @@ import hashlib
 
 # Settings that never change what a run computes: how it runs (threads, progress, wandb, device, data loading) and
 # where its folder is (run.*). The seed changes results but is the stem's, and the tables' unit of repetition.
-NOT_RESULTS = ("threads", "progress", "wandb", "device", "run", "data.workers")
+NOT_RESULTS = ("threads", "progress", "wandb", "device", "run", "data.workers", "task.data_dir")
 # The settings a stem spells out; every other differing setting goes into the name's suffix.
 STEM_KEYS = ("seed", "n0", "method.name", "method.estimator", "method.pilot_m", "method.multiplicity_correction",
              "method.sequential")  # fmt: skip
@@ -42,6 +42,8 @@ ADDED_DEFAULTS = {
     ("model", "zero_head"): False,
     ("task", "pool_order"): "step",
     ("optim", "warmup_epochs"): None,
+    ("task", "train_set"): None,
+    ("task", "eval_set"): None,
 }
 
 

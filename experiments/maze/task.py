@@ -30,6 +30,7 @@ UP_ID, DOWN_ID, LEFT_ID, RIGHT_ID, DONE_ID = (TOKEN_TO_ID[t] for t in (UP, DOWN,
 MOVE_IDS = {TOKEN_TO_ID[m]: m for m in MOVES}
 
 START_POS = (1, 1)
+START_CODE, GOAL_CODE = 2, 3  # a grid loaded from a maze set marks its start and goal (experiments/maze/data.py)
 HELDOUT_SEED = 10_000
 TRAIN_SEED_OFFSET = 1_000_000
 MAX_TRAIN_MAZES = 4_000_000  # per run: keeps RL maze seeds below the SFT mazes' (5_000_000 + ...)
@@ -43,9 +44,16 @@ def cells_for_grid(size: int) -> int:
     return (int(size) - 1) // 2
 
 
+def start_position(grid: np.ndarray) -> tuple[int, int]:
+    """The start: the square marked START_CODE in a loaded grid, else the top-left cell (a generated maze)."""
+    marked = np.argwhere(np.asarray(grid) == START_CODE)
+    return (int(marked[0][0]), int(marked[0][1])) if marked.size else START_POS
+
+
 def goal_position(grid: np.ndarray) -> tuple[int, int]:
-    """The goal: the bottom-right cell of the grid."""
-    return grid.shape[0] - 2, grid.shape[1] - 2
+    """The goal: the square marked GOAL_CODE in a loaded grid, else the bottom-right cell (a generated maze)."""
+    marked = np.argwhere(np.asarray(grid) == GOAL_CODE)
+    return (int(marked[0][0]), int(marked[0][1])) if marked.size else (grid.shape[0] - 2, grid.shape[1] - 2)
 
 
 def generate_maze(cells: int, seed: int) -> np.ndarray:
@@ -94,8 +102,8 @@ def encode_prompt(grid: np.ndarray) -> list[int]:
 
     Length 1 + h * (w + 1) + 1: 134 tokens for an 11x11 grid, 308 for the paper's 17x17.
     """
-    ids = np.where(np.asarray(grid) != 0, WALL_ID, OPEN_ID)
-    ids[START_POS] = START_ID
+    ids = np.where(np.asarray(grid) == 1, WALL_ID, OPEN_ID)
+    ids[start_position(grid)] = START_ID
     ids[goal_position(grid)] = GOAL_ID
     rows = np.concatenate([ids, np.full((ids.shape[0], 1), NEWLINE_ID)], axis=1)
     return [BOS_ID, *rows.reshape(-1).tolist(), SEP_ID]
@@ -131,11 +139,11 @@ def reward(grid: np.ndarray, token_ids) -> float:
     if moves is None:
         return 0.0
     h, w = grid.shape
-    r, c = START_POS
+    r, c = start_position(grid)
     for m in moves:
         dr, dc = MOVE_DELTAS[m]
         r, c = r + dr, c + dc
-        if not (0 <= r < h and 0 <= c < w) or grid[r, c] != 0:
+        if not (0 <= r < h and 0 <= c < w) or grid[r, c] == 1:
             return 0.0
     return float((r, c) == goal_position(grid))
 
@@ -146,9 +154,9 @@ def solve(grid: np.ndarray) -> list[str]:
     Raises ValueError if the goal is unreachable.
     """
     h, w = grid.shape
-    goal = goal_position(grid)
-    came_from: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {START_POS: None}
-    queue = deque([START_POS])
+    start, goal = start_position(grid), goal_position(grid)
+    came_from: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    queue = deque([start])
     while queue:
         pos = queue.popleft()
         if pos == goal:
@@ -156,7 +164,7 @@ def solve(grid: np.ndarray) -> list[str]:
         for m in MOVES:
             dr, dc = MOVE_DELTAS[m]
             nxt = (pos[0] + dr, pos[1] + dc)
-            if 0 <= nxt[0] < h and 0 <= nxt[1] < w and grid[nxt] == 0 and nxt not in came_from:
+            if 0 <= nxt[0] < h and 0 <= nxt[1] < w and grid[nxt] != 1 and nxt not in came_from:
                 came_from[nxt] = (pos, m)
                 queue.append(nxt)
     if goal not in came_from:
@@ -229,15 +237,26 @@ class MazeTask:
     eos_id, pad_id = DONE_ID, PAD_ID
 
     def __init__(self, cells: int, num_eval: int, run_seed: int = 0, pool_size: int | None = None,
-                 pool_order: str = "step", batch_size: int | None = None):  # fmt: skip
+                 pool_order: str = "step", batch_size: int | None = None, train_grids: list | None = None,
+                 eval_grids: list | None = None):  # fmt: skip
+        """train_grids / eval_grids: a loaded maze set (experiments/maze/data.py) instead of generated mazes: the
+        training pool is its grids (pool_size their number), the held-out set its first num_eval grids."""
+        if train_grids is not None:
+            if pool_size not in (None, len(train_grids)):
+                raise ValueError(f"task.pool_size={pool_size} but the training set holds {len(train_grids)} mazes")
+            pool_size = len(train_grids)
+        self.train_grids = train_grids
         if pool_size is not None and not 1 <= pool_size <= HELDOUT_SEED:
             raise ValueError(f"task.pool_size must lie in [1, {HELDOUT_SEED}] or be null, got {pool_size}")
         if pool_order not in ("step", "epoch") or (pool_order == "epoch" and (pool_size is None or not batch_size)):
             raise ValueError(f"task.pool_order must be step or epoch (epoch: with task.pool_size), got {pool_order!r}")
         self.cells, self.run_seed, self.num_prompts = cells, run_seed, pool_size
         self.epoch_order, self.batch_size = pool_order == "epoch", batch_size
+        if eval_grids is not None and len(eval_grids) < num_eval:
+            raise ValueError(f"eval.num_mazes={num_eval} but the held-out set holds {len(eval_grids)} mazes")
         self.eval_ids = np.arange(HELDOUT_SEED, HELDOUT_SEED + num_eval)
-        self.eval_grids = {int(s): g for s, g in zip(self.eval_ids, heldout_mazes(num_eval, cells), strict=True)}
+        held_out = heldout_mazes(num_eval, cells) if eval_grids is None else list(eval_grids[:num_eval])
+        self.eval_grids = {int(s): g for s, g in zip(self.eval_ids, held_out, strict=True)}
         self.grids = dict(self.eval_grids)
 
     def epoch_permutation(self, epoch: int) -> np.ndarray:
@@ -263,8 +282,14 @@ class MazeTask:
             ids = order[start : start + batch]
         if start == 0:  # a new step: forget the previous step's mazes
             self.grids = dict(self.eval_grids)
-        self.grids |= {int(i): generate_maze(self.cells, self.maze_seed(int(i))) for i in ids}
+        self.grids |= {int(i): self.train_grid(int(i)) for i in ids}
         return ids, [encode_prompt(self.grids[int(i)]) for i in ids]
+
+    def train_grid(self, prompt_id: int) -> np.ndarray:
+        """Training maze `prompt_id`: the loaded set's grid, or the maze generated from its seed."""
+        if self.train_grids is not None:
+            return self.train_grids[prompt_id]
+        return generate_maze(self.cells, self.maze_seed(prompt_id))
 
     def eval_sets(self):
         return {EVAL_SET: (self.eval_ids, [encode_prompt(self.eval_grids[int(s)]) for s in self.eval_ids])}
@@ -275,7 +300,7 @@ class MazeTask:
         if self.num_prompts is None:
             raise ValueError("fresh training mazes have no pool to evaluate; set task.pool_size")
         ids = np.arange(self.num_prompts)
-        self.grids |= {int(i): generate_maze(self.cells, self.maze_seed(int(i))) for i in ids}
+        self.grids |= {int(i): self.train_grid(int(i)) for i in ids}
         return ids, [encode_prompt(self.grids[int(i)]) for i in ids]
 
     def rewards(self, ids, responses, truncated):

@@ -17,6 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.maze import task as maze
+from experiments.maze.data import REGISTRY as MAZE_SETS
+from experiments.maze.data import load_maze_set
 from experiments.maze.model import PRESETS, build_model
 from experiments.maze.sft import base_config, train_base
 from experiments.maze.task import EVAL_SET, MazeTask
@@ -30,6 +32,14 @@ from sera.threads import set_torch_threads
 def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     """Every cross-field check, before any work starts (the base model included)."""
     pool = cfg.task.pool_size
+    train_grids, eval_grids = maze_sets(cfg)  # a missing maze set fails here, before the base model is trained
+    if train_grids is not None:
+        if pool not in (None, len(train_grids)):
+            raise ValueError(f"task.pool_size={pool} but task.train_set holds {len(train_grids)} mazes")
+        pool = len(train_grids)
+    sizes = {g.shape[0] for g in (train_grids or []) + (eval_grids or [])}
+    if sizes - {cfg.task.grid_size}:
+        raise ValueError(f"task.grid_size={cfg.task.grid_size} but the loaded mazes are {sorted(sizes)} squares a side")
     order = cfg.task.get("pool_order", "step")
     if order not in ("step", "epoch") or (order == "epoch" and pool is None):
         raise ValueError(f"task.pool_order must be step or epoch (epoch needs task.pool_size), got {order!r}")
@@ -49,6 +59,30 @@ def validate(cfg) -> tuple[MethodSettings, LoopSettings]:
     return settings, loop
 
 
+def maze_sets(cfg) -> tuple[list | None, list | None]:
+    """(training grids, held-out grids) of task.train_set / task.eval_set (experiments/maze/data.py: a registry set's
+    train and test splits, or files); None for a generated side."""
+    directory = cfg.task.get("data_dir")
+
+    def load(name, split):
+        if name is None:
+            return None
+        return load_maze_set(name, split if name in MAZE_SETS else None, data_dir=directory)
+
+    return load(cfg.task.get("train_set"), "train"), load(cfg.task.get("eval_set"), "test")
+
+
+def make_task(cfg, pool: bool = True) -> MazeTask:
+    """The run's maze task: generated or loaded training and held-out mazes; `pool`: the RL run's training pool
+    settings (the base model's evaluation needs only the held-out mazes)."""
+    train_grids, eval_grids = maze_sets(cfg)
+    cells = maze.cells_for_grid(cfg.task.grid_size)
+    if not pool:
+        return MazeTask(cells, cfg.eval.num_mazes, cfg.seed, eval_grids=eval_grids)
+    return MazeTask(cells, cfg.eval.num_mazes, cfg.seed, cfg.task.pool_size, cfg.task.get("pool_order", "step"),
+                    cfg.train.batch_size, train_grids=train_grids, eval_grids=eval_grids)  # fmt: skip
+
+
 def base_run_config(cfg) -> dict:
     """The base run's config: what its model and its evaluation depend on."""
     return {**base_config(cfg), "experiment": "maze-base", "eval": OmegaConf.to_container(cfg.eval)}
@@ -64,7 +98,7 @@ def ensure_base(cfg, loop: LoopSettings, root: Path, device: str, need_weights: 
         torch.manual_seed(cfg.seed)
         loss = train_base(cfg, path, device)
         model = build_model(cfg.model.name, str(path)).to(device)
-        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed)
+        task = make_task(cfg, pool=False)
         engine = HFEngine(model, maze.DONE_ID, maze.PAD_ID, cfg.temperature)
         metrics = evaluate_into(run_dir, cfg.sft.steps, loop, task, engine, torch.Generator().manual_seed(cfg.seed))
         fixed, rate = maze.best_fixed_answer_rate(list(task.eval_grids.values()))
@@ -88,8 +122,7 @@ def run(cfg: DictConfig) -> dict:
         base = ensure_base(cfg, loop, root, device)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.name, str(base)).to(device)
-        task = MazeTask(maze.cells_for_grid(cfg.task.grid_size), cfg.eval.num_mazes, cfg.seed, cfg.task.pool_size,
-                        cfg.task.get("pool_order", "step"), cfg.train.batch_size)  # fmt: skip
+        task = make_task(cfg)
         return model, task, make_engine(cfg, model, base, maze.DONE_ID, maze.PAD_ID)
 
     base = base_path(root, cfg, base_run_config)
