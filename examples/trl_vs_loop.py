@@ -138,7 +138,7 @@ def trl_run(cfg, base: Path, out_dir: Path, estimator: str = "pilot") -> dict:
 def loop_record(cfg, final: dict) -> dict:
     """The suite run's held-out record at its last step (what run() wrote)."""
     method = MethodSettings.from_config(cfg, STUDY)
-    name = f"{method.method.name}-{method.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
+    name = f"{method.method.folder_name}-{method.aggregation}_n0-{cfg.n0}_seed-{cfg.seed}"
     path = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / cfg.model.name / name
     (record_name,) = [key.split("/")[1] for key in final if key.endswith("/pass@1")]
     return json.loads((path / eval_record_file(int(cfg.train.steps), record_name)).read_text())

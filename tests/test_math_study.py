@@ -225,8 +225,8 @@ def test_each_table1_method_runs_through_the_real_entry_point(tmp_path):
         env=env, check=True, capture_output=True,
     )  # fmt: skip
     table = (out / "math-smoke" / "table1.md").read_text()
-    for row in ["| Base | reproduced | 1 |", "| SERA (token-mean) | reproduced | 1 | 4 | 48 |", "MaxRL (seqnorm)",
-                "Guessing: answers at training frequency"]:  # fmt: skip
+    for row in ["| Base | reproduced | 1 |", "| SERA with pilots (token-mean) | reproduced | 1 | 4 | 48 |",
+                "MaxRL (seqnorm)", "Guessing: answers at training frequency"]:  # fmt: skip
         assert row in table
     assert "token-mean | 1 |" in (out / "math-smoke" / "table5.md").read_text()
 
