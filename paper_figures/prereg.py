@@ -96,6 +96,11 @@ CLAIMS = (
           k=1, seeds=(0, 1, 2), retrained=(1, 2), paper=1.65),
     Claim("R2 math DARS-HW minus MaxRL, Pass@128", **MATH, tested="dars_hw", against="maxrl",
           aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13, claimed=-1),
+    # the authors' rule (PREREGISTRATION_AUTHORS.md)
+    Claim("C6 math token-mean, the authors' SERA", **MATH, tested="sera", against="maxrl", aggregation="token-mean",
+          k=16, seeds=tuple(range(5, 25)), new_seeds=tuple(range(8, 25)), paper=5.54),
+    Claim("E1 math token-mean, the authors' SERA minus SERA with pilots", **MATH, tested="sera", against="sera_pilot",
+          aggregation="token-mean", k=16, seeds=tuple(range(5, 20)), exploratory=True),
 )  # fmt: skip
 
 # The authors' rule (PREREGISTRATION_AUTHORS.md): each claim's exploratory seeds and how they size it. Its seeds are
