@@ -72,3 +72,20 @@ def container(cfg) -> dict:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_a_config_recorded_before_the_rename_is_read_with_the_earlier_names():
+    """Before method.naming existed, `sera` named the pilot rule and `sera_authors` the authors' rule: such a recorded
+    config is the same run as today's config of that rule, and not the same as a config of the other rule; the
+    translation happens once (a translated config is marked and not translated again)."""
+    from sera.methods import NAMING, current_names
+
+    recorded_pilot = with_method(name="sera")  # no naming key: written under the earlier names
+    today_pilot = with_method(name="sera_pilot", naming=NAMING)
+    assert identity.differences(recorded_pilot, today_pilot) == []
+    recorded_authors = {**SERA, "method": {"name": "sera_authors", "aggregation": "token-mean"}}
+    today_authors = {**SERA, "method": {"name": "sera", "naming": NAMING, "aggregation": "token-mean"}}
+    assert identity.differences(recorded_authors, today_authors) == []
+    assert ("method.name", "sera_pilot", "sera") in identity.differences(recorded_pilot, today_authors)
+    once = current_names(recorded_pilot)
+    assert once["method"]["name"] == "sera_pilot" and current_names(once) == once
