@@ -175,7 +175,7 @@ MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun ru
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, ~45 min a run, two side by side)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE),$(call seeds,$(MAZE_SEEDS)))
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
@@ -200,7 +200,7 @@ MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 # a variable, not a literal: a comma inside $(if ...) would end its then-part (PKPO skipped, or run as a command)
 MATH_BASELINES := grpo,pkpo
 
-reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= SERA= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h; C6: SERA=sera MATH_SEEDS=5-24 AGGREGATIONS=token-mean BASELINES=, ~45 min a run with its base model, two side by side)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	$(ARCHIVE) restore --folder math-$(SCALE)
 	$(call BASES,$(MATH) scale=$(MATH_SCALE),$(call seeds,$(MATH_SEEDS)))
