@@ -72,6 +72,22 @@ class HistoricalEstimator:
         self.total_successes, self.total_rollouts = state["total"]
 
 
+def epoch_of_step(step: int, batch_size: int, num_prompts: int) -> int:
+    """The epoch a step belongs to in a training set read in epochs, B prompts a step: its first prompt's
+    (position step * B), so where N is not a multiple of B the one step that runs into the next epoch still belongs to
+    the ending one (docs/design.md section 3)."""
+    return step * batch_size // num_prompts
+
+
+def epoch_stream_ids(step: int, batch_size: int, start: int, count: int, num_prompts: int, permutation) -> np.ndarray:
+    """Prompts start .. start + count - 1 of step `step` (fewer past N) in a training set read in epochs: the stream
+    is the concatenation of per-epoch permutations (`permutation(epoch)`, an array of the N ids), and step t's prompts
+    start at position t * B, so successive steps tile it and every prompt is seen once an epoch."""
+    position = step * batch_size + np.arange(start, min(start + count, num_prompts))
+    epoch, index = np.divmod(position, num_prompts)
+    return np.array([permutation(int(e))[i] for e, i in zip(epoch, index, strict=True)])
+
+
 class BetaHistory:
     """The authors' historical estimate (ChenZihao0121/SERA, HistoricalSuccessEstimator; the paper's Appendix C.1):
     each prompt's posterior mean under a Beta(prior_alpha, prior_beta) prior, over the outcomes of its past epochs.

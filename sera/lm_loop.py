@@ -43,7 +43,7 @@ from sera.distributed import (
     sum_over_ranks,
     world_info,
 )
-from sera.estimation import BetaHistory, HistoricalEstimator
+from sera.estimation import BetaHistory, HistoricalEstimator, epoch_of_step
 from sera.losses import pg_loss
 from sera.methods import MethodSettings
 from sera.passk import pass_at_k
@@ -318,7 +318,7 @@ def rl_step(
     if ms.estimator == "beta":  # the authors' history: a new epoch folds the last one in and freezes the estimates.
         # A step belongs to the epoch of its first prompt; where the set is not a multiple of B, the one step that
         # runs into the next epoch reads those prompts from the ending epoch's snapshot (docs/design.md section 3)
-        while history.epoch < step * ls.batch_size // task.num_prompts:
+        while history.epoch < epoch_of_step(step, ls.batch_size, task.num_prompts):
             history.start_epoch()
         p_hat_source = lambda: history.estimate(first)  # noqa: E731
     out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state)

@@ -9,6 +9,7 @@ import numpy as np
 
 from experiments.math.grading import score_batch
 from experiments.math.prompts import render
+from sera.estimation import epoch_stream_ids
 
 EVAL_ID_BASE = 10_000_000  # question i of evaluation set j has id (j + 1) * EVAL_ID_BASE + i; training ids 0..N-1
 ORDER_SEED = 20_260_000  # salt of the per-epoch permutations of the training set
@@ -49,9 +50,7 @@ class MathTask:
 
     def train_prompts(self, step: int, batch: int, start: int = 0):
         """Prompts start .. start + batch - 1 of step `step`'s stream (fewer past N): (ids, token lists)."""
-        position = step * self.batch_size + np.arange(start, min(start + batch, self.num_prompts))
-        epoch, index = np.divmod(position, self.num_prompts)
-        ids = np.array([self.permutation(int(e))[i] for e, i in zip(epoch, index, strict=True)])
+        ids = epoch_stream_ids(step, self.batch_size, start, batch, self.num_prompts, self.permutation)
         return ids, [self.train[i] for i in ids]
 
     def eval_sets(self):

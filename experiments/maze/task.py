@@ -15,6 +15,8 @@ from collections import deque
 
 import numpy as np
 
+from sera.estimation import epoch_stream_ids
+
 UP, DOWN, LEFT, RIGHT, DONE = "UP", "DOWN", "LEFT", "RIGHT", "DONE"
 MOVES = (UP, DOWN, LEFT, RIGHT)
 # One grid square per move: (row delta, column delta).
@@ -274,9 +276,7 @@ class MazeTask:
                 raise ValueError("fresh training mazes give B prompts a step; set task.pool_size to draw more")
             ids = np.array([train_maze_seed(step, i, batch, self.run_seed) for i in range(batch)])
         elif self.epoch_order:  # the pool in epochs: step t reads from position t*B on
-            position = step * self.batch_size + np.arange(start, min(start + batch, self.num_prompts))
-            epoch, index = np.divmod(position, self.num_prompts)
-            ids = np.array([self.epoch_permutation(int(e))[i] for e, i in zip(epoch, index, strict=True)])
+            ids = epoch_stream_ids(step, self.batch_size, start, batch, self.num_prompts, self.epoch_permutation)
         else:  # the pool in this step's own order; fewer than asked once the pool is used up
             order = np.random.default_rng([self.run_seed, step]).permutation(self.num_prompts)
             ids = order[start : start + batch]
