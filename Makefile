@@ -117,7 +117,10 @@ IMAGENET_SCALE = $(if $(filter command line environment,$(origin SCALE)),$(SCALE
 CLASSIFY_SEEDS ?= 0-7
 CLASSIFY_ABLATION_SEEDS ?= 0-2
 ALL_ACTIVE := alloc.threshold=0.0
-reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),2)
+# SCALE=paper: ImageNet as an ImageFolder under DATA_ROOT (data.root), one run at a time unless JOBS= says otherwise
+# (the runs of one machine share its first GPU); where the data lives is no part of a run's identity
+DATA_ROOT ?=
+reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),$(if $(filter paper,$(SCALE)),1,2))
 reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper
 ifeq ($(IMAGENET_SCALE),gauss1000)
 	$(IMAGENET) scale=imagenet/gauss1000 method=direct_ce seed=$(call seeds,$(CLASSIFY_SEEDS))
@@ -126,8 +129,8 @@ ifeq ($(IMAGENET_SCALE),gauss1000)
 	$(IMAGENET) scale=imagenet/gauss1000 method=sera $(ALL_ACTIVE) n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
 	$(ARCHIVE) save --folder imagenet-gauss1000
 else
-	$(IMAGENET) scale=imagenet/$(SCALE) method=direct_ce seed=$(call seeds,$(SEEDS))
-	$(IMAGENET) scale=imagenet/$(SCALE) method=maxrl,$(if $(filter paper,$(SCALE)),sera,sera_pilot) n0=16,128 seed=$(call seeds,$(SEEDS))
+	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=direct_ce seed=$(call seeds,$(SEEDS))
+	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=maxrl,$(if $(filter paper,$(SCALE)),sera,sera_pilot) n0=16,128 seed=$(call seeds,$(SEEDS))
 endif
 ifeq ($(IMAGENET_SCALE),cpu)
 	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera_pilot n0=16,128 seed=0

@@ -14,9 +14,10 @@ import copy
 import functools
 import hashlib
 
-# Settings that never change what a run computes: how it runs (threads, progress, wandb, device, data loading) and
-# where its folder is (run.*). The seed changes results but is the stem's, and the tables' unit of repetition.
-NOT_RESULTS = ("threads", "progress", "wandb", "device", "run", "data.workers", "task.data_dir")
+# Settings that never change what a run computes: how it runs (threads, progress, wandb, device, data loading), where
+# its folder is (run.*) and where its data lives (data.root, task.data_dir). The seed changes results but is the
+# stem's, and the tables' unit of repetition.
+NOT_RESULTS = ("threads", "progress", "wandb", "device", "run", "data.workers", "task.data_dir", "data.root")
 # The settings a stem spells out; every other differing setting goes into the name's suffix.
 STEM_KEYS = ("seed", "n0", "method.name", "method.estimator", "method.pilot_m", "method.multiplicity_correction",
              "method.sequential")  # fmt: skip

@@ -157,3 +157,21 @@ def test_reproduce_imagenet_runs_the_registered_classification_grid_two_at_a_tim
     assert "alloc.threshold=0.0" in grid[-1] and not stray(lines)
     digits = trained(dry_run("reproduce-imagenet", "SCALE=cpu"), "imagenet")
     assert digits == [("direct_ce", "0,1,2"), ("maxrl,sera_pilot", "0,1,2"), ("maxrl,sera_pilot", "0")]
+
+
+def test_the_imagenet_paper_grid_takes_its_data_root_and_runs_one_at_a_time():
+    """SCALE=paper: DATA_ROOT reaches every run as data.root, and the runs go one after another (JOBS=1 by default:
+    a machine's runs share its first GPU); JOBS= still overrides."""
+    lines = [line for line in dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/data/imagenet", "SEEDS=69")
+             if "experiments.imagenet.train" in line]  # fmt: skip
+    assert lines and all("data.root=/data/imagenet" in line and "joblib" not in line for line in lines)
+    assert trained(lines, "imagenet") == [("direct_ce", "69"), ("maxrl,sera", "69")]
+    parallel = dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d", "SEEDS=69", "JOBS=2")
+    assert any("hydra/launcher=joblib" in line for line in parallel)
+
+
+def test_where_the_data_lives_is_no_part_of_a_runs_identity():
+    from sera import identity
+
+    config = {"seed": 0, "data": {"name": "imagenet", "root": "/data/a"}, "method": {"name": "maxrl"}}
+    assert identity.differences(config, {**config, "data": {"name": "imagenet", "root": "/mnt/b"}}) == []
