@@ -133,6 +133,11 @@ class BetaHistory:
         self.epoch += 1
         return self.epoch
 
+    def advance_to(self, epoch: int) -> None:
+        """Start epochs until `epoch` is under way (none when it already is): the loops call it before each batch."""
+        while self.epoch < epoch:
+            self.start_epoch()
+
     def estimate(self, ids) -> np.ndarray:
         """The frozen posterior means (B,) for prompt ids (B,); NaN for a prompt with no estimate yet."""
         return self.frozen[np.asarray(ids)].copy()

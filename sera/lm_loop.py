@@ -318,8 +318,7 @@ def rl_step(
     if ms.estimator == "beta":  # the authors' history: a new epoch folds the last one in and freezes the estimates.
         # A step belongs to the epoch of its first prompt; where the set is not a multiple of B, the one step that
         # runs into the next epoch reads those prompts from the ending epoch's snapshot (docs/design.md section 3)
-        while history.epoch < epoch_of_step(step, ls.batch_size, task.num_prompts):
-            history.start_epoch()
+        history.advance_to(epoch_of_step(step, ls.batch_size, task.num_prompts))
         p_hat_source = lambda: history.estimate(first)  # noqa: E731
     out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state)
     t_gen = time.perf_counter() - t0

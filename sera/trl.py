@@ -282,17 +282,16 @@ class SERAGRPOTrainer(GRPOTrainer):
             draws.append(_Draw(share, mine, mine_prompts, generated, per_func))
             return None, self._binary(per_func)
 
-        ids, p_hat_source = None, None
-        if self._history is not None:
-            ids = self._history_ids(groups)
-            p_hat_source = lambda: self._history.estimate(ids) if self._history.has_data else None  # noqa: E731
+        ids = self._history_ids(groups) if self._history is not None else None
         if isinstance(self._history, BetaHistory):
             # TRL's sampler reads the dataset in epochs of len // B whole generation batches (a shorter last one is
             # dropped), so a batch's epoch is its index over that; the history freezes its estimates at each start
-            epoch = self._generations // (len(self.train_dataset) // batch)
-            while self._history.epoch < epoch:
-                self._history.start_epoch()
+            self._history.advance_to(self._generations // (len(self.train_dataset) // batch))
             p_hat_source = lambda: self._history.estimate(ids)  # noqa: E731
+        elif self._history is not None:
+            p_hat_source = lambda: self._history.estimate(ids) if self._history.has_data else None  # noqa: E731
+        else:
+            p_hat_source = None
         collected = collect(self.sera, batch, draw, p_hat_source)
         self._generations += 1
         if self._history is not None:

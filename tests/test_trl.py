@@ -94,13 +94,7 @@ def test_history_estimator_across_steps_and_resume(tmp_path):
     data = trl_toy.dataset(size=4)  # B = 4: every step sees the same four prompts
     args = trl_toy.config(tmp_path, estimator="history", max_steps=2, save_strategy="steps", save_steps=1)
     run = trl_toy.trainer(args, data)
-    steps = []
-
-    class Record(trl_toy.TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            steps.append(run.last_step)
-
-    run.add_callback(Record())
+    steps = trl_toy.recorded_steps(run)
     capture = trl_toy.Capture(run)
     run.train()
     first, second = steps
@@ -317,13 +311,7 @@ def test_the_authors_rule_reads_the_beta_history_by_epoch_and_resumes(tmp_path):
 
     def train(resume=None):
         run = trl_toy.trainer(args, data)
-        steps = []
-
-        class Record(trl_toy.TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                steps.append(run.last_step)
-
-        run.add_callback(Record())
+        steps = trl_toy.recorded_steps(run)
         capture = trl_toy.Capture(run)
         run.train(resume_from_checkpoint=resume)
         return [(step, rows) for step, (_, rows) in zip(steps, capture.batches, strict=True)]

@@ -111,6 +111,18 @@ def trainer(args, train_dataset=None, model_path: str | None = None, **kwargs) -
     )  # fmt: skip
 
 
+def recorded_steps(trainer: SERAGRPOTrainer) -> list:
+    """The trainer's `last_step` after each training step, appended as the steps end."""
+    steps = []
+
+    class Record(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(trainer.last_step)
+
+    trainer.add_callback(Record())
+    return steps
+
+
 class Capture(TrainerCallback):
     """What TRL's loss saw (the generation's output and relabelled rows) and the gradient before the optimizer."""
 

@@ -15,13 +15,12 @@ A local .jsonl or .parquet file in either layout (the authors' rows or the grid 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from experiments.math.data import read_rows
+from experiments.math.data import read_rows, write_jsonl
 from experiments.maze.task import GOAL_CODE, START_CODE, solve
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "maze"
@@ -118,9 +117,7 @@ def load_maze_set(name_or_path: str | Path, split: str | None = None, *, data_di
                 f"load_maze_set({name!r}, {split!r}, allow_download=True), which writes that file (network needed)."
             )
         grids = grids_from_rows(_download(spec, split))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = (json.dumps({"grid": ["".join(CHARS[int(v)] for v in r) for r in g]}) + "\n" for g in grids)
-        path.write_text("".join(lines))
+        write_jsonl([{"grid": ["".join(CHARS[int(v)] for v in row) for row in g]} for g in grids], path)
         return grids
     if split is not None:
         raise ValueError(f"split={split!r} applies to the registry's maze sets ({sorted(REGISTRY)}), not to a file")
