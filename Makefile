@@ -33,7 +33,8 @@ test: install ## run the test suite (CPU, offline, about 5 minutes alone) and pr
 test-fast: install ## the test suite without the slow end-to-end runs (marked slow), for the edit-test loop
 	$(PY) -m pytest -q -m "not slow" --durations=10 tests
 
-docs: install ## build the documentation site into site/ (mkdocs, strict: a broken link or a page left out fails)
+docs: install ## build the documentation site into site/ (mkdocs, strict; the config reference regenerated from configs/)
+	$(PY) -m experiments.config_reference
 	$(VENV)/bin/mkdocs build --strict --quiet
 
 test-gpu: install ## GPU machines only: the LM paths on CUDA (engine and step against the CPU, bf16, entry points, TRL in bf16)
