@@ -148,7 +148,7 @@ def test_prompt_encoding():
     expected = "<bos> # # # # # <nl> # S . . # <nl> # # # . # <nl> # . . G # <nl> # # # # # <nl> <sep>"
     assert encode_prompt(NO_LEFT) == ids(*expected.split())
     prompt = encode_prompt(generate_maze(5, 0))
-    assert len(prompt) == 1 + 11 * 12 + 1  # 134, docs/calibration.md's "about 133"
+    assert len(prompt) == 1 + 11 * 12 + 1  # 134, docs/history/calibration.md's "about 133"
     assert prompt[0] == BOS_ID and prompt[-1] == SEP_ID
     assert prompt.count(TOKEN_TO_ID["<nl>"]) == 11
     assert prompt.index(TOKEN_TO_ID["S"]) == 1 + 12 + 1 and prompt.count(TOKEN_TO_ID["S"]) == 1

@@ -1,6 +1,6 @@
 """The math study's policies: a tiny from-scratch Llama with a character tokenizer, or a pretrained model by name.
 
-`FROM_SCRATCH` presets (the CPU default `tiny-math`: hidden 128, 4 layers, ~0.8M parameters, as docs/calibration.md's
+`FROM_SCRATCH` presets (the CPU default `tiny-math`: hidden 128, 4 layers, ~0.8M parameters, as docs/history/calibration.md's
 prototype; `tiny-math-smoke` for tests) use SmolLM2's (Llama) architecture on a character vocabulary (printable ASCII
 and newline), so any question's text can be written in it; they are trained first by sft.py. `PRETRAINED` names the
 paper's models by hub id (loaded from the local Hugging Face cache only: nothing is downloaded at run time) and
