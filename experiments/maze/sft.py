@@ -1,8 +1,8 @@
 """The maze base model: a short supervised stage (TRL's SFTTrainer) on shortest paths, stopped early so it is weak.
 
-The paper's base model solves 1.27% of held-out mazes at Pass@1; docs/history/calibration.md found ~240 steps of batch 32
-gives a similar weak model on the CPU. It is trained once per (model, SFT settings, scale) and shared by every RL run;
-its directory is also a run directory (config.yaml, metrics.jsonl with the base model's evaluation, DONE), which is
+The paper's base model solves 1.27% of held-out mazes at Pass@1; docs/history/calibration.md found ~240 steps of batch
+32 gives a similar weak model on the CPU. It is trained once per (model, SFT settings, scale) and shared by every RL
+run; its directory is also a run directory (config.yaml, metrics.jsonl with the base model's evaluation, DONE), which is
 the "Base model" row of Table 4.
 """
 

@@ -61,11 +61,11 @@ def goal_position(grid: np.ndarray) -> tuple[int, int]:
 def generate_maze(cells: int, seed: int) -> np.ndarray:
     """A perfect maze (its cells and passages form a spanning tree) by randomized Prim's algorithm.
 
-    Prim's frontier-cell form: grow the maze from a uniformly random cell; each step picks a uniformly random
-    frontier cell (outside the maze, next to it) and opens the passage to a uniformly random neighbour already in
-    the maze. This variant reproduces docs/history/calibration.md's shortcut figures at 5x5 cells (81% of solutions only go
-    right and down, the commonest answer solves 3.1%, longest ~28 moves); growing from the top-left cell gives 91%.
-    Returns a (2*cells+1, 2*cells+1) uint8 grid, 1 = wall, 0 = open. Deterministic in `seed`.
+    Prim's frontier-cell form: grow the maze from a uniformly random cell; each step picks a uniformly random frontier
+    cell (outside the maze, next to it) and opens the passage to a uniformly random neighbour already in the maze. This
+    variant reproduces docs/history/calibration.md's shortcut figures at 5x5 cells (81% of solutions only go right and
+    down, the commonest answer solves 3.1%, longest ~28 moves); growing from the top-left cell gives 91%. Returns a
+    (2*cells+1, 2*cells+1) uint8 grid, 1 = wall, 0 = open. Deterministic in `seed`.
     """
     if cells < 2:
         raise ValueError(f"a maze needs at least 2 x 2 cells, got {cells}")
@@ -202,8 +202,8 @@ def train_maze_seed(step: int, index: int, batch: int, run_seed: int = 0) -> int
 
 
 def best_fixed_answer_rate(mazes: list[np.ndarray]) -> tuple[list[str], float]:
-    """The shortcut baseline (docs/history/calibration.md, Maze): among the mazes' shortest-path answers, the one answer that
-    solves the largest fraction of the mazes, and that fraction. Ties go to the answer of the earliest maze."""
+    """The shortcut baseline (docs/history/calibration.md, Maze): among the mazes' shortest-path answers, the one answer
+    that solves the largest fraction of the mazes, and that fraction. Ties go to the answer of the earliest maze."""
     if not mazes:
         raise ValueError("need at least one maze")
     candidates = list(dict.fromkeys(tuple(solve(g)) for g in mazes))
