@@ -36,7 +36,7 @@ from sera.identity import ADDED_DEFAULTS
 from sera.methods import METHODS
 from sera.runlog import TRAIN_POOL_SET
 from sera.sequential import PRIOR_CLIP, SequentialSettings
-from sera.stats import seed_t_interval
+from sera.stats import paired_t_power, seed_t_interval, seeds_for_equivalence, seeds_for_power, tost_power
 
 OUT = Path(__file__).parent / "out"
 STUDIES = {  # folder prefix -> title
@@ -366,51 +366,89 @@ def dps_table(summary: dict, study: str, scale: str, out_root: Path) -> str:
     return f"\nDPS's predictor, mean over steps (GRPO: its share of mixed groups):\n\n{md}"
 
 
-# The abstract's claims, as it states them: (claim, tested row, reference row, quantity, the direction it claims).
-# Accuracy is final Pass@1 in pp (tested minus reference); rollouts is the saving against the reference in %.
+# The abstract's claims, read as results/cpu/PREREGISTRATION_SARA.md registers them: (claim, tested row, reference
+# row or rows, quantity, direction). Accuracy is final Pass@1 in pp (tested minus reference). A saving is read first
+# per rollout trained (rollouts generated per rollout trained, 1 - tested / reference: arms that stop at their caps
+# train less, so rollouts generated alone would count less training as a saving), then per rollout that carries a
+# gradient, then, as a secondary reading, in rollouts generated; the rollouts trained are shown beside them.
+EQUIVALENCE_MARGIN = 2.0  # pp of Pass@1: "matches" holds when the 90% seed interval lies inside +/- this (TOST)
+REGISTERED_SEEDS = {"imagenet": 3, "maze": 15, "math": 8}  # seeds 0..n-1 of each study decide (PREREGISTRATION_SARA)
+OTHER_ARMS = ("grpo", "ds", "dps", "sara")  # the abstract's arms that "the best accuracy" is read against
 ABSTRACT_CLAIMS = [
-    ("SARA matches DPS (Pass@1)", "sara", "dps", "pass1", "equal"),
+    ("SARA matches DPS (Pass@1, equivalent within +/-2 pp)", "sara", "dps", "pass1", "equivalent"),
     ("DPS is below the DS oracle (Pass@1)", "dps", "ds", "pass1", "below"),
     ("SARA is below the DS oracle (Pass@1)", "sara", "ds", "pass1", "below"),
-    ("SARA uses 22% fewer rollouts than DS (generated)", "sara", "ds", "generated", "fewer"),
+    ("SARA uses 22% fewer rollouts than DS (per rollout trained)", "sara", "ds", "per_trained", "fewer"),
+    ("SARA uses 22% fewer rollouts than DS (per gradient rollout)", "sara", "ds", "gradient", "fewer"),
+    ("SARA uses 22% fewer rollouts than DS (generated; secondary)", "sara", "ds", "generated", "fewer"),
+    ("SARA trains fewer rollouts than DS (context)", "sara", "ds", "trained", "context"),
     ("SARA+DPS is slightly above DS (Pass@1)", "sara+dps", "ds", "pass1", "above"),
-    ("SARA+DPS uses 67% fewer rollouts than DS (generated)", "sara+dps", "ds", "generated", "fewer"),
-]
+    ("SARA+DPS gives the best accuracy (Pass@1 above GRPO, DS, DPS and SARA)", "sara+dps", OTHER_ARMS, "pass1",
+     "best"),
+    ("SARA+DPS uses 67% fewer rollouts than DS (per rollout trained)", "sara+dps", "ds", "per_trained", "fewer"),
+    ("SARA+DPS uses 67% fewer rollouts than DS (per gradient rollout)", "sara+dps", "ds", "gradient", "fewer"),
+    ("SARA+DPS uses 67% fewer rollouts than DS (generated; secondary)", "sara+dps", "ds", "generated", "fewer"),
+    ("SARA+DPS trains fewer rollouts than DS (context)", "sara+dps", "ds", "trained", "context"),
+]  # fmt: skip
 CLAIMED_SAVING = re.compile(r"uses (\d+)% fewer")  # a saving the abstract quantifies: the interval is read against it
-SUITE_ADDS = [  # what this suite adds, kept apart from the abstract's claims
+SUITE_ADDS = [  # what this suite adds, kept apart from the abstract's claims (exploratory: nothing is registered)
     ("SARA+SERA against SARA (Pass@1)", "sara+sera", "sara", "pass1", "above"),
     ("SARA+SERA against SARA+MaxRL (Pass@1): SERA's advantage with SARA's allocation", "sara+sera", "sara+maxrl",
      "pass1", "above"),
     ("SARA+SERA uses fewer rollouts per gradient rollout than DS", "sara+sera", "ds", "gradient", "fewer"),
 ]  # fmt: skip
+UNITS = {"pass1": "pp", "trained": "% fewer trained"}
 
 
-def seed_values(summary: dict, tested: str, against: str, quantity: str) -> list[float]:
-    """Per seed both rows ran: tested minus reference Pass@1 (pp), or the saving in rollouts generated (or generated
-    per gradient rollout) against the reference (%)."""
+def seed_values(summary: dict, tested: str, against: str, quantity: str, seeds: int | None = None) -> list[float]:
+    """Per seed both rows ran (the first `seeds` seeds when given): tested minus reference Pass@1 (pp), or the saving
+    against the reference in % (1 - tested / reference) of rollouts generated per rollout trained (`per_trained`),
+    per gradient-carrying rollout (`gradient`), generated (`generated`), or of rollouts trained (`trained`)."""
     a, b = reference(summary, tested), reference(summary, against)
     if not a or not b:
         return []
     out = []
     for seed in sorted(set(a["per_seed"]) & set(b["per_seed"])):
+        if seeds is not None and seed >= seeds:
+            continue
         x, y = a["per_seed"][seed], b["per_seed"][seed]
-        if quantity == "pass1" and x["pass1"] is not None and y["pass1"] is not None:
-            out.append(100 * (x["pass1"] - y["pass1"]))
-        elif quantity == "generated" and x["generated"] and y["generated"]:
-            out.append(100 * (1 - x["generated"] / y["generated"]))
-        elif quantity == "gradient" and x["effective"] and y["effective"]:
-            out.append(100 * (1 - (x["generated"] / x["effective"]) / (y["generated"] / y["effective"])))
+        if quantity == "pass1":
+            if x["pass1"] is not None and y["pass1"] is not None:
+                out.append(100 * (x["pass1"] - y["pass1"]))
+            continue
+        denominator = {"per_trained": "trained", "gradient": "effective", "generated": None, "trained": None}[quantity]
+        numerator = "trained" if quantity == "trained" else "generated"
+        if not (x[numerator] and y[numerator]) or (denominator and not (x[denominator] and y[denominator])):
+            continue
+        ratio_x = x[numerator] / (x[denominator] if denominator else 1)
+        ratio_y = y[numerator] / (y[denominator] if denominator else 1)
+        out.append(100 * (1 - ratio_x / ratio_y))
     return out
+
+
+def equivalence_reading(values: list[float], margin: float = EQUIVALENCE_MARGIN) -> str:
+    """Two one-sided tests at 5% each: equivalent when the seed-level 90% t-interval lies inside (-margin, +margin);
+    else "differ" when the 95% interval excludes zero; else not decided."""
+    inner, outer = seed_t_interval(np.asarray(values), level=0.90), seed_t_interval(np.asarray(values))
+    if -margin < inner.low and inner.high < margin:
+        return f"equivalent within +/-{margin:g} pp"
+    if outer.low > 0 or outer.high < 0:
+        return "differ"
+    return "not decided at this power"
 
 
 def reading(values: list[float], direction: str, claimed: float | None = None) -> str:
     """What the seed-level 95% t-interval says of a claimed direction: decided for or against it, or not decided;
-    with a claimed size (a saving in %), also whether the interval lies below, above or around it."""
+    with a claimed size (a saving in %), also whether the interval lies below, above or around it; "equivalent" reads
+    the two one-sided tests; "context" only says on which side of zero the interval lies."""
     if len(values) < 2:
         return "one seed: no interval" if values else "not run"
+    if direction == "equivalent":
+        return equivalence_reading(values)
     ci = seed_t_interval(np.asarray(values))
-    if direction == "equal":
-        return "differ" if ci.low > 0 or ci.high < 0 else "no difference detected at this power"
+    if direction == "context":
+        side = side_of_zero(ci.low, ci.high, 1)
+        return {1: "trains fewer", -1: "trains more", 0: "no difference detected"}[side] + " (context, no claim)"
     sign = {"below": -1, "above": 1, "fewer": 1}[direction]
     side = side_of_zero(ci.low, ci.high, sign)
     verdict = {1: "as claimed", -1: "against the claim", 0: "not decided at this power"}[side]
@@ -419,32 +457,116 @@ def reading(values: list[float], direction: str, claimed: float | None = None) -
     return f"{verdict}; {size_against(ci.low, ci.high, sign, claimed)} the claimed {claimed:g}%"
 
 
-def claim_rows(summaries: dict[str, dict], spec: list[tuple]) -> list[str]:
+def interval_cell(values: list[float], unit: str, equivalence: bool = False) -> str:
+    if len(values) < 2:
+        return f"{values[0]:+.2f} {unit}" if values else "n/a"
+    ci = seed_t_interval(np.asarray(values))
+    cell = f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] {unit}"
+    if equivalence:
+        inner = seed_t_interval(np.asarray(values), level=0.90)
+        cell += f"; 90%: [{inner.low:+.2f}, {inner.high:+.2f}]"
+    return cell
+
+
+def best_row(study: str, claim: str, summary: dict, tested: str, arms: tuple, registered: int | None) -> str:
+    """\"Best accuracy\" as the comparison against every other arm: as claimed when the tested row is above each arm
+    (each interval above zero), against the claim when it is below any, else not decided. The cell shows the arm it
+    is closest to; the per-seed column each arm's mean difference."""
+    per_arm = {arm: seed_values(summary, tested, arm, "pass1", registered) for arm in arms}
+    present = {arm: v for arm, v in per_arm.items() if v}
+    counts = sorted({len(v) for v in per_arm.values()})
+    if not present:
+        return f"| {study} | {claim} | n/a | 0 |  | not run |"
+    closest = min(present, key=lambda arm: np.mean(present[arm]))
+    each = ", ".join(f"{METHODS[arm].label} {np.mean(v):+.2f}" for arm, v in present.items())
+    measured = f"vs {METHODS[closest].label}: " + interval_cell(present[closest], "pp")
+    seeds = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    if registered is not None and (len(present) < len(arms) or counts[0] < registered):
+        progress = f"in progress ({counts[0]} of {registered} seeds): no decision"
+        return f"| {study} | {claim} | {measured} | {seeds} | {each} | {progress} |"
+    readings = [reading(v, "above") for v in present.values()]
+    if all(r == "as claimed" for r in readings):
+        said = "as claimed (above every arm)"
+    elif any(r == "against the claim" for r in readings):
+        below = [METHODS[a].label for a, r in zip(present, readings, strict=True) if r == "against the claim"]
+        said = f"against the claim (below {', '.join(below)})"
+    else:
+        said = "not decided at this power"
+    return f"| {study} | {claim} | {measured} | {seeds} | {each} | {said} |"
+
+
+def claim_rows(summaries: dict[str, dict], spec: list[tuple], registered: dict[str, int] | None = None) -> list[str]:
+    """One row per study and claim. With `registered` (study -> seeds), a claim reads only those seeds and decides
+    nothing until all of them are in."""
     rows = []
     for study, summary in summaries.items():
+        seeds = registered.get(study) if registered is not None else None
         for claim, tested, against, quantity, direction in spec:
-            values = seed_values(summary, tested, against, quantity)
-            unit = "pp" if quantity == "pass1" else "% fewer"
-            if len(values) >= 2:
-                ci = seed_t_interval(np.asarray(values))
-                measured = f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] {unit}"
-            else:
-                measured = f"{values[0]:+.2f} {unit}" if values else "n/a"
+            if direction == "best":
+                rows.append(best_row(study, claim, summary, tested, against, seeds))
+                continue
+            values = seed_values(summary, tested, against, quantity, seeds)
+            measured = interval_cell(values, UNITS.get(quantity, "% fewer"), direction == "equivalent")
             each = ", ".join(f"{v:+.2f}" for v in values)
             size = CLAIMED_SAVING.search(claim)
-            said = reading(values, direction, float(size.group(1)) if size else None)
+            if seeds is not None and values and len(values) < seeds:
+                said = f"in progress ({len(values)} of {seeds} seeds): no decision"
+            else:
+                said = reading(values, direction, float(size.group(1)) if size else None)
             rows.append(f"| {study} | {claim} | {measured} | {len(values)} | {each} | {said} |")
     return rows
 
 
-def claims(summaries: dict[str, dict]) -> str:
-    """The abstract's claims as it states them, each read with the seed-level 95% t-interval over the seeds both rows
-    ran; then what this suite adds, apart. Savings are per seed, 1 - tested / reference."""
+def claims(summaries: dict[str, dict], registered: dict[str, int] | None = None) -> str:
+    """The abstract's claims as results/cpu/PREREGISTRATION_SARA.md reads them, each with the seed-level 95%
+    t-interval over the registered seeds both rows ran; then what this suite adds, apart and exploratory."""
+    registered = REGISTERED_SEEDS if registered is None else registered
     header = ["| study | claim | measured [seed 95% t] | seeds | per seed | reading |", "|---|---|---|---|---|---|"]
+    said = ", ".join(f"{study} seeds 0-{n - 1}" for study, n in registered.items())
     return "\n".join(
-        ["## Against the SARA abstract", "", ABSTRACT, "", *header, *claim_rows(summaries, ABSTRACT_CLAIMS), "",
-         "## What this suite adds (not the abstract's claims)", "", *header, *claim_rows(summaries, SUITE_ADDS)]
+        ["## Against the SARA abstract", "", ABSTRACT, "",
+         f"Read as `results/cpu/PREREGISTRATION_SARA.md` registers it ({said}; a saving per rollout trained first, "
+         f"rollouts generated second; \"matches\" is equivalence within +/-{EQUIVALENCE_MARGIN:g} pp by two one-sided "
+         "tests, the 90% interval shown; \"best\" is above every other arm).", "",
+         *header, *claim_rows(summaries, ABSTRACT_CLAIMS, registered), "",
+         "## What this suite adds (not the abstract's claims; exploratory)", "", *header,
+         *claim_rows(summaries, SUITE_ADDS)]
     ) + "\n"  # fmt: skip
+
+
+def power_rows(summaries: dict[str, dict], registered: dict[str, int]) -> list[list[str]]:
+    """For each abstract claim on each study: the exploratory seeds' mean and SD, the seeds that would give 80% power
+    at that mean and SD (the seed-level t-test; for "matches", the two one-sided tests within the margin), and the
+    power at the registered seeds. The mean is the 3 seeds' own, so the estimate is rough and, for a small mean,
+    optimistic about nothing: a mean near zero asks for many seeds."""
+    out = []
+    for study, summary in summaries.items():
+        n = registered[study]
+        for claim, tested, against, quantity, direction in ABSTRACT_CLAIMS:
+            if direction == "context":
+                continue
+            pairs = [(a, f" vs {METHODS[a].label}") for a in against] if direction == "best" else [(against, "")]
+            for arm, suffix in pairs:
+                values = seed_values(summary, tested, arm, quantity)
+                if len(values) < 2:
+                    out.append([study, claim + suffix, str(len(values)), "", "", "", "", ""])
+                    continue
+                mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
+                if sd == 0:
+                    out.append([study, claim + suffix, str(len(values)), f"{mean:+.2f}", "0", "", "", ""])
+                    continue
+                if direction == "equivalent":
+                    needed = seeds_for_equivalence(mean, sd, EQUIVALENCE_MARGIN)
+                    power = tost_power(mean, sd, n, EQUIVALENCE_MARGIN)
+                else:
+                    needed, power = seeds_for_power(mean, sd, cap=200), paired_t_power(mean, sd, n)
+                out.append([study, claim + suffix, str(len(values)), f"{mean:+.2f}", f"{sd:.2f}",
+                            "over 200" if needed is None else str(needed), str(n), f"{100 * power:.0f}%"])  # fmt: skip
+    return out
+
+
+POWER_HEADER = ["study", "claim", "seeds in", "mean", "SD", "seeds for 80% power", "registered seeds",
+                "power at the registered seeds"]  # fmt: skip
 
 
 def figure(summaries: dict[str, dict], stem: Path) -> None:
@@ -498,8 +620,20 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", default="runs")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--studies", default=",".join(STUDIES), help="comma-separated: imagenet,maze,math")
+    parser.add_argument("--power", action="store_true", help="print the power estimate of each claim (no tables)")
     args = parser.parse_args(argv)
-    build(Path(args.runs), args.scale, Path(args.out), [s for s in args.studies.split(",") if s])
+    studies = [s for s in args.studies.split(",") if s]
+    if args.power:
+        summaries = {}
+        for study in studies:
+            summary = study_table(Path(args.runs), study, args.scale, Path(args.out))[1]
+            if summary:
+                summaries[study] = summary
+        rows = power_rows(summaries, REGISTERED_SEEDS)
+        print("| " + " | ".join(POWER_HEADER) + " |\n|" + "---|" * len(POWER_HEADER))
+        print("\n".join("| " + " | ".join(r) + " |" for r in rows))
+        return
+    build(Path(args.runs), args.scale, Path(args.out), studies)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def paired_t_power(effect: float, sd: float, seeds: int, level: float = 0.95) ->
         raise ValueError(f"power needs seeds >= 2, sd > 0 and a finite effect; got {seeds}, {sd}, {effect}")
     df, noncentrality = seeds - 1, effect * np.sqrt(seeds) / sd
     critical = t.ppf((1 + level) / 2, df)
-    return float(nct.sf(critical, df, noncentrality) + nct.cdf(-critical, df, noncentrality))
+    # the lower tail as the upper tail of the mirrored distribution: scipy's nct.cdf far in the tail returns NaN
+    return float(nct.sf(critical, df, noncentrality) + nct.sf(critical, df, -noncentrality))
 
 
 def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float = 0.95, cap: int = 1000) -> int | None:
@@ -83,5 +84,37 @@ def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float =
         raise ValueError(f"power must lie in (0, 1), got {power}")
     for seeds in range(2, cap + 1):
         if paired_t_power(effect, sd, seeds, level) >= power:
+            return seeds
+    return None
+
+
+def tost_power(
+    difference: float, sd: float, seeds: int, margin: float, level: float = 0.90, draws: int = 200_000, seed: int = 0
+) -> float:
+    """Power of the two one-sided tests for equivalence within +/- `margin`: P(the seed-level `level` t-interval lies
+    inside (-margin, margin)) when the per-seed differences are normal with mean `difference` and SD `sd`. By Monte
+    Carlo over the sample mean and SD (independent for normal data), seeded, so the same call gives the same value."""
+    from scipy.stats import t
+
+    if seeds < 2 or not sd > 0 or not margin > 0:
+        raise ValueError(f"power needs seeds >= 2, sd > 0 and margin > 0; got {seeds}, {sd}, {margin}")
+    rng = np.random.default_rng(seed)
+    mean = rng.normal(difference, sd / np.sqrt(seeds), draws)
+    sample_sd = sd * np.sqrt(rng.chisquare(seeds - 1, draws) / (seeds - 1))
+    half = t.ppf((1 + level) / 2, seeds - 1) * sample_sd / np.sqrt(seeds)
+    return float(np.mean((mean - half > -margin) & (mean + half < margin)))
+
+
+def seeds_for_equivalence(
+    difference: float, sd: float, margin: float, power: float = 0.8, cap: int = 200
+) -> int | None:
+    """The fewest seeds (>= 2) at which `tost_power` reaches `power`; None when not even `cap` seeds do (a true
+    difference at or beyond the margin never does)."""
+    if not 0 < power < 1:
+        raise ValueError(f"power must lie in (0, 1), got {power}")
+    if abs(difference) >= margin:
+        return None
+    for seeds in range(2, cap + 1):
+        if tost_power(difference, sd, seeds, margin) >= power:
             return seeds
     return None

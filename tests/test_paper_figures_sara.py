@@ -90,10 +90,21 @@ def test_table_and_claims_from_runs(tmp_path):
     assert dps_rows["DPS"]["observed partial (%)"] == "25.00"
     assert dps_rows["GRPO (uniform)"]["observed partial (%)"] == "50.00"  # (1 + 0 + 1 + 2) / 2 / 4 steps
     # the abstract's claims, seed by seed: SARA's saving is 1 - 950/1600 on seed 0 and 1 - 950/2400 on seed 1
-    claim = "| imagenet | SARA uses 22% fewer rollouts than DS (generated) | +50.52 [-75.22, +176.26] % fewer | 2 |"
-    assert claim + " +40.62, +60.42 | not decided at this power; consistent with the claimed 22% |" in text
-    assert "| imagenet | SARA matches DPS (Pass@1) | +0.00 pp | 1 | +0.00 | one seed: no interval |" in text
+    # the classifier registers 3 seeds: with 2 in, every claim says so and decides nothing
+    claim = "| imagenet | SARA uses 22% fewer rollouts than DS (generated; secondary) | +50.52 [-75.22, +176.26] % fewer"
+    assert claim + " | 2 | +40.62, +60.42 | in progress (2 of 3 seeds): no decision |" in text
+    # per rollout trained: DS 1600/400 = 4 and 2400/350 = 6.857, SARA 950/240 = 3.958 on both seeds
+    saving = [100 * (1 - (950 / 240) / (1600 / 400)), 100 * (1 - (950 / 240) / (2400 / 350))]
+    assert f"| 2 | {saving[0]:+.2f}, {saving[1]:+.2f} | in progress" in text
+    trained = [100 * (1 - 240 / 400), 100 * (1 - 240 / 350)]  # the context row: rollouts trained
+    assert f"| SARA trains fewer rollouts than DS (context) | {sum(trained) / 2:+.2f} [" in text
+    assert "| imagenet | SARA matches DPS (Pass@1, equivalent within +/-2 pp) | +0.00 pp | 1 | +0.00 | in progress" in text
     assert "| imagenet | SARA+DPS is slightly above DS (Pass@1) | n/a | 0 |  | not run |" in text  # unfinished
+    # without the registration's seed counts, the readings themselves
+    summary = sara.study_table(tmp_path, "imagenet", "x", tmp_path / "out2")[1]
+    unregistered = sara.claim_rows({"imagenet": summary}, sara.ABSTRACT_CLAIMS)
+    row = next(r for r in unregistered if "(generated; secondary)" in r and "| SARA uses" in r)
+    assert row.endswith("| not decided at this power; consistent with the claimed 22% |")
     assert text.index("## What this suite adds") > text.index("SARA+DPS uses 67% fewer")
     rule = rows_of(tmp_path / "out" / "sara-x" / "imagenet_rule.csv")["SARA"]
     assert rule["at 2: committed / continued / abandoned (%)"] == "25.0 / 25.0 / 50.0"
@@ -165,3 +176,31 @@ def test_a_claimed_saving_is_read_against_its_size():
     assert sara.reading([60.0, 75.0, 68.0], "fewer", 67) == "as claimed; consistent with the claimed 67%"
     assert sara.reading([-5.0, 5.0, 1.0], "fewer", 22) == "not decided at this power; smaller than the claimed 22%"
     assert sara.reading([60.8, 60.9, 61.0], "fewer") == "as claimed"
+
+
+def test_matches_is_read_as_equivalence_within_the_margin():
+    # 90% interval of [0.1, -0.2, 0.3, 0.0]: inside +/-2 pp
+    assert sara.reading([0.1, -0.2, 0.3, 0.0], "equivalent") == "equivalent within +/-2 pp"
+    assert sara.reading([5.0, 5.5, 6.0], "equivalent") == "differ"  # far outside, and the 95% interval excludes 0
+    assert sara.reading([-3.0, 4.0, 0.5], "equivalent") == "not decided at this power"  # wide, covers zero
+    # a small difference that the 95% interval excludes is still equivalent: it lies inside the margin
+    assert sara.reading([0.50, 0.52, 0.51, 0.49], "equivalent") == "equivalent within +/-2 pp"
+    cell = sara.interval_cell([0.1, -0.2, 0.3, 0.0], "pp", equivalence=True)
+    assert cell.startswith("+0.05 [") and "; 90%: [" in cell
+
+
+def test_best_is_above_every_other_arm():
+    def summary(pass1):  # method -> per-seed final Pass@1 (fractions)
+        return {m: {"name": m, "default": True, "label": m,
+                    "per_seed": {s: {"pass1": p, "generated": 1, "trained": 1, "effective": 1}
+                                 for s, p in enumerate(ps)}} for m, ps in pass1.items()}  # fmt: skip
+
+    arms = ("grpo", "ds")
+    above = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.45, 0.46, 0.46]})
+    row = sara.best_row("m", "best", above, "sara+dps", arms, None)
+    assert row.endswith("| as claimed (above every arm) |") and "vs DS (DAPO): +5.33 [" in row
+    below = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.55, 0.56, 0.56]})
+    assert sara.best_row("m", "best", below, "sara+dps", arms, None).endswith("| against the claim (below DS (DAPO)) |")
+    mixed = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.45, 0.56, 0.46]})
+    assert sara.best_row("m", "best", mixed, "sara+dps", arms, None).endswith("| not decided at this power |")
+    assert "in progress (3 of 8 seeds)" in sara.best_row("m", "best", above, "sara+dps", arms, 8)

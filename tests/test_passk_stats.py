@@ -121,3 +121,36 @@ def test_power_refuses_what_it_cannot_compute():
     with pytest.raises(ValueError, match="seeds >= 2"):
         paired_t_power(1.0, 0.0, 10)
     assert seeds_for_power(0.01, 10.0, cap=40) is None
+
+
+def test_tost_power_is_how_often_the_90_percent_interval_falls_inside_the_margin():
+    """Against the procedure itself on simulated seeds: draw per-seed differences, take seed_t_interval at 90%, count
+    the experiments whose interval lies inside the margin."""
+    from sera.stats import tost_power
+
+    rng = np.random.default_rng(1)
+    for difference, sd, seeds, margin in [(0.0, 1.9, 8, 2.0), (0.8, 1.5, 5, 2.0), (0.3, 3.0, 15, 2.0)]:
+        draws = rng.normal(difference, sd, size=(4000, seeds))
+        inside = [(lambda c: -margin < c.low and c.high < margin)(seed_t_interval(d, level=0.90)) for d in draws]
+        assert tost_power(difference, sd, seeds, margin) == pytest.approx(np.mean(inside), abs=0.025)
+
+
+def test_tost_power_at_the_margin_is_the_test_size_and_grows_with_seeds():
+    from sera.stats import seeds_for_equivalence, tost_power
+
+    assert tost_power(2.0, 1.0, 20, 2.0) <= 0.055  # a true difference at the margin: equivalence found <= 5%
+    assert tost_power(0.0, 1.0, 4, 2.0) < tost_power(0.0, 1.0, 8, 2.0) < tost_power(0.0, 1.0, 16, 2.0)
+    assert tost_power(0.5, 1.0, 6, 2.0) == tost_power(0.5, 1.0, 6, 2.0)  # seeded: repeatable
+    needed = seeds_for_equivalence(0.5, 1.9, 2.0)
+    assert tost_power(0.5, 1.9, needed, 2.0) >= 0.8 > tost_power(0.5, 1.9, needed - 1, 2.0)
+    assert seeds_for_equivalence(2.5, 1.0, 2.0) is None  # outside the margin: never equivalent
+    with pytest.raises(ValueError, match="margin > 0"):
+        tost_power(0.0, 1.0, 5, 0.0)
+
+
+def test_power_is_finite_far_in_the_tail():
+    """scipy's noncentral t cdf returns NaN far in its tail (df 7, noncentrality 20); the power must not."""
+    from sera.stats import paired_t_power
+
+    assert paired_t_power(7.36, 1.04, 8) == pytest.approx(1.0)
+    assert paired_t_power(-7.36, 1.04, 8) == pytest.approx(1.0)
