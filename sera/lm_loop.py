@@ -19,6 +19,7 @@ builds a toy study that way.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ class LoopSettings:
     checkpoint_every: int
     max_skipped_steps: int  # consecutive non-finite steps before the run stops
     progress: bool
+    autocast: str | None = None  # "bfloat16": the loss's forward in bf16 autocast over float32 (master) weights
 
     @classmethod
     def from_config(cls, cfg) -> LoopSettings:
@@ -145,7 +147,7 @@ class LoopSettings:
             eval_top_p=float(e.top_p), eval_max_rollouts_per_call=int(e.max_rollouts_per_call),
             log_coverage=bool(t.get("log_coverage", False)),
             checkpoint_every=int(cfg.run.checkpoint_every), max_skipped_steps=int(cfg.run.max_skipped_steps),
-            progress=bool(cfg.progress),
+            progress=bool(cfg.progress), autocast=mixed_precision(cfg),
         )  # fmt: skip
         for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
             if getattr(s, name) < 1:
@@ -354,6 +356,25 @@ def loss_logprobs(ls: LoopSettings, model, prompts, rollouts: Rollouts, pad_id: 
     return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature)
 
 
+def autocast(ls: LoopSettings, device: torch.device):
+    """The loss forward's precision context: bf16 autocast under model.dtype=bfloat16, else nothing."""
+    if ls.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, ls.autocast))
+
+
+def mixed_precision(cfg) -> str | None:
+    """The loss's autocast dtype from model.dtype: bfloat16 trains float32 master weights with the forward in bf16
+    autocast; float16 (AdamW with no loss scaling: every weight non-finite after one step) is refused."""
+    dtype = cfg.get("model", {}).get("dtype", "float32")
+    if dtype == "float16":
+        raise ValueError(
+            "model.dtype=float16 would train float16 weights with AdamW and no loss scaling (every weight non-finite "
+            "after one step): use model.dtype=bfloat16 (float32 master weights, the loss in bf16 autocast) or float32"
+        )
+    return "bfloat16" if dtype == "bfloat16" else None
+
+
 def backward_in_micro_batches(
     ms, ls, model, prompts, rollouts, live, adv, weights, pad_id, device, totals
 ) -> float | None:
@@ -372,10 +393,13 @@ def backward_in_micro_batches(
     for chunk in chunks:
         if chunk is None:  # a zero-weight pass over this rank's first rollout: the collectives match, nothing is added
             sub = rollouts.select(torch.zeros(1, dtype=torch.long))
-            (loss_logprobs(ls, model, prompts, sub, pad_id).sum() * 0.0).backward()
+            with autocast(ls, device):
+                logp = loss_logprobs(ls, model, prompts, sub, pad_id)
+            (logp.sum() * 0.0).backward()
             continue
         sub = rollouts.select(chunk)
-        logp = loss_logprobs(ls, model, prompts, sub, pad_id)
+        with autocast(ls, device):
+            logp = loss_logprobs(ls, model, prompts, sub, pad_id)
         loss = pg_loss(
             logp,
             sub.mask.to(device),

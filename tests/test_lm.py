@@ -356,6 +356,42 @@ def test_shared_prompt_logprobs_give_the_steps_gradient(tmp_path):
         torch.testing.assert_close(shared, grad, atol=1e-6, rtol=1e-5)
 
 
+def test_bfloat16_trains_float32_master_weights_with_the_loss_in_autocast():
+    """model.dtype=bfloat16: the loss's forward runs in bf16 autocast, the gradient is within bf16 rounding of the
+    float32 loss's, the weights stay float32, and an AdamW step at a paper learning rate (1e-6) moves every weight
+    with a gradient (bf16 weights would keep almost all: their spacing near 0.02 is about 1e-4); float16 is refused."""
+    from sera.lm_loop import rl_step
+
+    grads = []
+    for dtype in ("float32", "bfloat16"):
+        cfg = loop_cfg("maxrl", "none", 0)
+        cfg.model = {"dtype": dtype}
+        ms, ls = settings(cfg)
+        assert ls.autocast == (None if dtype == "float32" else "bfloat16")
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        rl_step(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(3), 0)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    assert not torch.equal(grads[0], grads[1])  # the bf16 forward is another computation
+    assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
+
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    rl_step(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(3), 0)
+    moved = [(~torch.eq(a, p.detach()))[p.grad != 0] for a, p in zip(before, model.parameters(), strict=True)]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert torch.cat(moved).float().mean() > 0.99
+    bf16 = [a.to(torch.bfloat16) for a in before]  # the same update on bf16 weights is lost to rounding
+    kept = [torch.eq(b, (p.detach()).to(torch.bfloat16)) for b, p in zip(bf16, model.parameters(), strict=True)]
+    assert torch.cat([k.reshape(-1) for k in kept]).float().mean() > 0.9
+
+    cfg = loop_cfg("maxrl", "none", 0)
+    cfg.model = {"dtype": "float16"}
+    with pytest.raises(ValueError, match="no loss scaling"):
+        settings(cfg)
+
+
 def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
     import sera.lm_loop as loop
 

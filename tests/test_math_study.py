@@ -67,6 +67,7 @@ def test_every_math_config_composes_and_validates():
         (["data.num_train=8"], ValueError, "must be >= train.batch_size"),
         (["data.num_heldout=0"], ValueError, "num_heldout"),
         (["model.dtype=int8"], ValueError, "model.dtype"),
+        (["model.dtype=float16"], ValueError, "no loss scaling"),
         (["sft.steps=0"], ValueError, "sft.steps"),
         (["sft.problems=16"], ValueError, "sft.problems"),
         (["engine=tpu"], ValueError, "engine must be"),

@@ -152,7 +152,8 @@ def load_policy(cfg, base: Path, device: str):
         model, tokenizer = AutoModelForCausalLM.from_pretrained(base), build_tokenizer()
         eos_id, pad_id, source = EOS_ID, PAD_ID, base
     else:
-        model, tokenizer = load_pretrained(cfg.model.name, cfg.model.path, cfg.model.dtype)
+        # float32 master weights whatever model.dtype says: bfloat16 is the loss forward's autocast (sera.lm_loop)
+        model, tokenizer = load_pretrained(cfg.model.name, cfg.model.path, "float32")
         eos_id = end_tokens(cfg.model.eos_token or tokenizer.eos_token, tokenizer, cfg.model.name)
         first = eos_id if isinstance(eos_id, int) else eos_id[0]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first  # responses are masked
