@@ -97,6 +97,8 @@ CLAIMS = (
     Claim("R2 math DARS-HW minus MaxRL, Pass@128", **MATH, tested="dars_hw", against="maxrl",
           aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13, claimed=-1),
     # the authors' rule (PREREGISTRATION_AUTHORS.md)
+    Claim("C5 maze token-mean, the authors' SERA", **MAZE, tested="sera", against="maxrl", aggregation="token-mean",
+          k=32, seeds=tuple(range(24)), new_seeds=tuple(range(3, 24)), paper=3.70, scale="cpu_pool"),
     Claim("C6 math token-mean, the authors' SERA", **MATH, tested="sera", against="maxrl", aggregation="token-mean",
           k=16, seeds=tuple(range(5, 25)), new_seeds=tuple(range(8, 25)), paper=5.54),
     Claim("E1 math token-mean, the authors' SERA minus SERA with pilots", **MATH, tested="sera", against="sera_pilot",
@@ -206,6 +208,11 @@ def side_of_zero(low: float, high: float, claimed: int) -> int:
     return 1 if low > 0 else -1 if high < 0 else 0
 
 
+def verdict_of_interval(low: float, high: float, claimed: int = +1) -> str:
+    """The three-way decision for a seed-level interval: supported, contradicted or not decided at this power."""
+    return {1: "supported", -1: "contradicted", 0: "not decided at this power"}[side_of_zero(low, high, claimed)]
+
+
 def size_against(low: float, high: float, claimed: int, effect: float) -> str:
     """How an interval stands to a claimed effect, sizes compared in the claimed direction: 'smaller than', 'larger
     than' or 'consistent with'."""
@@ -225,8 +232,7 @@ def decide(diffs: list[float], planned: int, paper: float | None, claimed: int =
         return cell, f"in progress ({len(diffs)} of {planned} seeds): no decision", ""
     if len(diffs) < 2:
         return cell, "one seed: no interval", ""
-    side = side_of_zero(ci.low, ci.high, claimed)
-    decision = {1: "supported", -1: "contradicted", 0: "not decided at this power"}[side]
+    decision = verdict_of_interval(ci.low, ci.high, claimed)
     if paper is None:
         return cell, decision, ""
     return cell, decision, f"{size_against(ci.low, ci.high, claimed, paper)} the paper's"
