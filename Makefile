@@ -134,7 +134,9 @@ else
 	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=maxrl,$(if $(filter paper,$(SCALE)),sera,sera_pilot) n0=16,128 seed=$(call seeds,$(SEEDS))
 endif
 ifeq ($(IMAGENET_SCALE),cpu)
+	$(ARCHIVE) save --folder imagenet-cpu
 	$(IMAGENET) scale=imagenet/cpu_scratch method=maxrl,sera_pilot n0=16,128 seed=0
+	$(ARCHIVE) save --folder imagenet-cpu_scratch
 	$(PY) -m paper_figures.imagenet table2 --scale cpu_scratch
 	$(COMPARE) imagenet-cpu_scratch
 endif

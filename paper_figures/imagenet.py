@@ -38,7 +38,7 @@ from paper_figures.runs import (
 from sera.allocation import scale_factor
 from sera.methods import METHODS
 from sera.runlog import ALLOC_SNAPSHOT, VAL_P_FILE
-from sera.stats import paired_bootstrap_ci
+from sera.stats import paired_bootstrap_ci, seed_t_interval
 
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 OUT = Path(__file__).parent / "out"
@@ -178,20 +178,21 @@ def val_p(sera: list[Run], maxrl: list[Run]) -> tuple[np.ndarray, np.ndarray]:
 
 def method_vs_baseline(groups: list[list[Run]], scale: str, name: str) -> str:
     """Per n0: a method (SERA) minus its registry baseline (MaxRL) at Pass@1 and Pass@1024 (question-paired 95%
-    bootstrap CI over validation images, seeds averaged), at Pass@1 seed by seed (the CI does not cover training
-    randomness; this column shows it), and in gradient cosine to CE."""
+    bootstrap CI over validation images, seeds averaged), at Pass@1 seed by seed and as the seed-level 95%
+    t-interval over those differences (unrounded; the bootstrap does not cover training randomness, this interval
+    does, and the claims read it), and in gradient cosine to CE."""
     lines = [
         f"## {method_label(name)} minus {method_label(METHODS[name].baseline)} (scale={scale})",
         "",
-        "| n0 | seeds | dPass@1 (pp) [95% CI] | dPass@1024 (pp) [95% CI] | dPass@1 per seed (pp) | d cos(g, CE) "
-        "| d cos(E[g | n], CE) |",
-        "|---|---|---|---|---|---|---|",
+        "| n0 | seeds | dPass@1 (pp) [95% CI] | dPass@1024 (pp) [95% CI] | dPass@1 per seed (pp) "
+        "| dPass@1 (pp) [seed 95% t] | d cos(g, CE) | d cos(E[g | n], CE) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for n0 in sorted({g[0].get("n0") for g in groups if g[0].get("method.name") == name}):
         candidates = [g for g in groups if g[0].get("n0") == n0 and not variant(g[0]) and verdict_runs(g)]
         pair = baseline_pair(candidates, f"n0 = {n0}", name)
         if not isinstance(pair, tuple):
-            lines.append(f"| {n0} | {pair or 'not run'} | | | | | |")  # refused, or not run
+            lines.append(f"| {n0} | {pair or 'not run'} | | | | | | |")  # refused, or not run
             continue
         s, m = verdict_runs(pair[0]), verdict_runs(pair[1])
         p_sera, p_maxrl = val_p(s, m)
@@ -203,16 +204,25 @@ def method_vs_baseline(groups: list[list[Run]], scale: str, name: str) -> str:
         for key in ("grad/cos_ce", "grad/cos_expected_ce"):
             a, b = (mean_over(g, lambda r, k=key: rl_mean(r, k)) for g in (s, m))
             dcos.append("not run" if a is None or b is None else f"{a - b:+.3f}")
-        row = [f"{len(s)} vs {len(m)}", *cells, per_seed_delta(s, m), *dcos]
+        diffs = per_seed_differences(s, m)
+        each = ", ".join(f"seed {k}: {d:+.2f}" for k, d in diffs.items()) or "not run"
+        row = [f"{len(s)} vs {len(m)}", *cells, each, seed_interval(list(diffs.values())), *dcos]
         lines.append(f"| {n0} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def per_seed_delta(sera: list[Run], maxrl: list[Run]) -> str:
-    """'seed 0: +1.60, seed 1: ...': final Pass@1 of SERA minus MaxRL for each seed both have."""
+def per_seed_differences(sera: list[Run], maxrl: list[Run]) -> dict[int, float]:
+    """{seed: final Pass@1 of SERA minus MaxRL, pp} for each seed both have, unrounded."""
     final = [{r.get("seed"): final_eval(r)[1] for r in g} for g in (sera, maxrl)]
-    seeds = sorted(final[0].keys() & final[1].keys())
-    return ", ".join(f"seed {k}: {final[0][k] - final[1][k]:+.2f}" for k in seeds) or "not run"
+    return {k: final[0][k] - final[1][k] for k in sorted(final[0].keys() & final[1].keys())}
+
+
+def seed_interval(diffs: list[float]) -> str:
+    """'+4.81 [+3.52, +6.10]': the seed-level 95% t-interval over per-seed differences (one seed: no interval)."""
+    if len(diffs) < 2:
+        return "one seed: no interval" if diffs else "not run"
+    ci = seed_t_interval(np.asarray(diffs))
+    return f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}]"
 
 
 def training_figure(groups: list[list[Run]], stem: Path) -> None:

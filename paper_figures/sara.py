@@ -509,7 +509,7 @@ def claim_rows(summaries: dict[str, dict], spec: list[tuple], registered: dict[s
             measured = interval_cell(values, UNITS.get(quantity, "% fewer"), direction == "equivalent")
             each = ", ".join(f"{v:+.2f}" for v in values)
             size = CLAIMED_SAVING.search(claim)
-            if seeds is not None and values and len(values) < seeds:
+            if seeds is not None and values and len(values) < seeds and direction != "context":
                 said = f"in progress ({len(values)} of {seeds} seeds): no decision"
             else:
                 said = reading(values, direction, float(size.group(1)) if size else None)

@@ -11,18 +11,31 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "cpu"
 
 
 @pytest.mark.parametrize(
-    "diffs, verdict",
-    [([1.0, 1.1, 0.9], "supported"), ([-1.0, -1.1, -0.9], "contradicted"),
-     ([-1.0, 2.0, 0.5], "not decided at this power"), ([1.0], "one seed: no interval")],
+    "cell, verdict",
+    [("+1.00 [+0.50, +1.50]", "supported"), ("-1.00 [-1.50, -0.50]", "contradicted"),
+     ("+0.50 [-1.00, +2.00]", "not decided at this power"), ("+0.50 [+0.00, +1.00]", "not decided at this power"),
+     ("one seed: no interval", "one seed: no interval"), ("not run", "no decision")],
 )  # fmt: skip
-def test_the_verdict_follows_the_preregistered_rule(diffs, verdict):
-    row = claims.Claim("c", "+1", diffs, "page.md").row()
-    assert row[4].startswith(verdict) and row[3] == str(len(diffs))
+def test_the_verdict_follows_the_preregistered_rule(cell, verdict):
+    assert claims.interval_verdict(cell) == verdict
 
 
-def test_the_interval_is_the_seed_level_t_interval():
-    # mean 2, sd 1, n = 3: half-width t(0.975, 2) * 1 / sqrt(3) = 4.303 / 1.732 = 2.484
-    assert claims.Claim("c", "+1", [1.0, 2.0, 3.0], "p").row()[2] == "+2.00 [-0.48, +4.48]"
+def test_the_classification_rows_read_the_seed_level_interval(tmp_path):
+    """The interval is the verdict table's seed-level cell, not one recomputed from the rounded per-seed column."""
+    (tmp_path / "imagenet-cpu").mkdir()
+    (tmp_path / "imagenet-cpu" / "table2_verdict.md").write_text(
+        "| n0 | seeds | dPass@1 (pp) [95% CI] | dPass@1024 (pp) [95% CI] | dPass@1 per seed (pp) "
+        "| dPass@1 (pp) [seed 95% t] | d cos(g, CE) | d cos(E[g \\| n], CE) |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        "| 16 | 3 vs 3 | +4.81 [+4.21, +5.41] | +7.48 [+6.92, +8.04] | seed 0: +4.98, seed 1: +4.24, seed 2: +5.23 "
+        "| +4.81 [+3.52, +6.10] | +0.238 | +0.230 |\n"
+        "| 128 | 3 vs 3 | +0.77 [+0.34, +1.20] | +0.56 [+0.32, +0.81] | seed 0: +1.07, seed 1: +1.85, seed 2: -0.61 "
+        "| +0.77 [-2.35, +3.89] | +0.100 | +0.096 |\n"
+    )
+    rows = claims.classification_claims(tmp_path)
+    assert [r[2:5] for r in rows] == [["+4.81 [+3.52, +6.10]", "3", "supported"],
+                                      ["+0.77 [-2.35, +3.89]", "3", "not decided at this power"]]  # fmt: skip
+    assert rows[0][1] == claims.CLASSIFICATION_PAPER["16"]
 
 
 def test_the_committed_claims_are_what_the_committed_tables_give():
