@@ -30,6 +30,12 @@ def all_gather(obj) -> list:
     return out
 
 
+def unwrapped(model):
+    """The module inside a DistributedDataParallel wrapper (the model itself otherwise): what one rank alone may run
+    forward, since the wrapper's forward can be a collective (it syncs buffers such as BatchNorm's)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def shard(num: int) -> np.ndarray:
     """This rank's items of 0..num-1: i with i mod world == rank (all of them in one process)."""
     rank, world = world_info()

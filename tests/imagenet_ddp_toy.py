@@ -4,12 +4,15 @@ tests/test_imagenet.py.
     python -m tests.imagenet_ddp_toy RUN_ROOT [overrides...]                                   one process
     torchrun --standalone --nproc_per_node=2 -m tests.imagenet_ddp_toy RUN_ROOT [overrides...]  two (gloo)
 
+With SERA_TEST_BATCHNORM=1 the MLP gets a BatchNorm1d after its first layer (ResNet-50's buffers, at toy size).
+
 The label sampler's uniforms come from a generator keyed by (image id, the process's draw call, position in the
 image's group) instead of the rank's own generator, so an image gets the same labels whether one process holds the
 whole batch of B images or each of two ranks holds B / 2: with a uniform allocation both layouts must take the same
 steps, and the trained models must agree.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -43,8 +46,19 @@ def keyed(draw_rollouts):
     return draw
 
 
+def with_batchnorm(build_model):
+    def build(*args, **kwargs):
+        model = build_model(*args, **kwargs)
+        nn, first = train.torch.nn, model[0]  # torch through the entry point, which pins the kernels before it loads
+        return nn.Sequential(first, nn.BatchNorm1d(first.out_features), *list(model)[1:])
+
+    return build
+
+
 if __name__ == "__main__":
     policy.RowSampler, policy.draw_rollouts = KeyedSampler, keyed(policy.draw_rollouts)
+    if os.environ.get("SERA_TEST_BATCHNORM") == "1":
+        train.build_model = with_batchnorm(train.build_model)
     root, overrides = sys.argv[1], sys.argv[2:]
     with initialize_config_dir(config_dir=str(Path(train.__file__).parents[2] / "configs"), version_base=None):
         cfg = compose("imagenet", overrides=[*overrides, f"run.root={root}"])

@@ -438,3 +438,19 @@ def test_the_warm_up_can_be_given_in_epochs_as_the_authors_recipe_does():
         train.validate(cfg_for("scale=imagenet/smoke", "optim.warmup_epochs=2"))  # smoke keeps warmup_steps=2
     paper = cfg_for("scale=imagenet/paper", "data.root=/nonexistent")
     assert (paper.optim.warmup_steps, paper.optim.warmup_epochs) == (0, 2)
+
+
+@pytest.mark.slow
+def test_two_processes_evaluate_a_batchnorm_model_on_rank_zero_alone(tmp_path):
+    """Under torchrun only rank 0 evaluates; a DDP-wrapped model with BatchNorm would make that forward a buffer
+    sync the other rank never joins (a hang). The evaluation runs on the unwrapped module: a two-process run with a
+    BatchNorm layer evaluates mid-run and at the end and finishes."""
+    overrides = ["scale=imagenet/smoke", "method=maxrl", "device=cpu", "threads=1", "data.num_train=32"]
+    overrides += ["train.steps=8", "train.warm_start_steps=4", "eval.every=4"]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2"]
+    cmd = [*torchrun, "-m", "tests.imagenet_ddp_toy", str(tmp_path), *overrides]
+    env = {**ENV, "OMP_NUM_THREADS": "1", "SERA_TEST_BATCHNORM": "1"}
+    subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True, timeout=300)
+    run = tmp_path / "imagenet-smoke" / "maxrl_n0-16_seed-0"
+    records = read_jsonl(run / "metrics.jsonl")
+    assert (run / "DONE").exists() and sum("eval/pass@1" in r for r in records) == 2

@@ -53,7 +53,7 @@ from sera import identity
 from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings, name_failures
-from sera.distributed import all_gather
+from sera.distributed import all_gather, unwrapped
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
@@ -376,7 +376,8 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
         is_last = step == total_steps - 1
         at_start = cfg.eval.at_start and rl and step + 1 == warm  # the model RL starts from (closed form: no RNG)
         if rank == 0 and ((step + 1) % cfg.eval.every == 0 or is_last or at_start):
-            final, p_val = evaluate(tr.model, val_batches, cfg.eval.ks, device)
+            # the unwrapped module: a DDP forward syncs BatchNorm buffers, a collective the other ranks never join
+            final, p_val = evaluate(unwrapped(tr.model), val_batches, cfg.eval.ks, device)
             check_finite_eval(final, step + 1)
             metrics.update(final)
             if cfg.train.log_coverage:  # distinct images trained on in the RL phase so far
