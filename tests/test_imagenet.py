@@ -454,3 +454,34 @@ def test_two_processes_evaluate_a_batchnorm_model_on_rank_zero_alone(tmp_path):
     run = tmp_path / "imagenet-smoke" / "maxrl_n0-16_seed-0"
     records = read_jsonl(run / "metrics.jsonl")
     assert (run / "DONE").exists() and sum("eval/pass@1" in r for r in records) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sera", "sera_pilot"])
+def test_two_processes_allocate_the_whole_step_as_one_process_does(tmp_path, method):
+    """Under torchrun the allocation is over the step's whole batch, not each rank's half: every rank gathers the
+    batch's softmax and draws every image's rollouts from the one label stream, so two processes log the same
+    counts, rewards and loss as one (floats to rounding: each rank's forward sees half the batch), and (DDP averaging
+    the ranks' shares of the gradient) train the same model.
+    The authors' rule leaves images out; SERA with pilots draws its pilots first."""
+    overrides = ["scale=imagenet/smoke", f"method={method}", "device=cpu", "threads=1", "data.num_train=32"]
+    overrides += ["optim.name=sgd", "optim.momentum=0", "optim.lr=0.3", "train.steps=16", "train.warm_start_steps=10"]
+    overrides += ["eval.every=8", "eval.grad_cos_every=1000"]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2"]
+    root = Path(__file__).resolve().parents[1]
+    for name, launcher in [("one", [sys.executable]), ("two", torchrun)]:
+        cmd = [*launcher, "-m", "tests.imagenet_ddp_toy", str(tmp_path / name), *overrides]
+        subprocess.run(cmd, env={**ENV, "OMP_NUM_THREADS": "1"}, cwd=root, check=True, capture_output=True, timeout=600)
+    runs = [next((tmp_path / name / "imagenet-smoke").iterdir()) for name in ("one", "two")]
+    records = [read_jsonl(run / "metrics.jsonl") for run in runs]
+    rl = [[r for r in recs if "alloc/budget" in r] for recs in records]
+    assert len(rl[0]) == len(rl[1]) == 6
+    for one, two in zip(*rl, strict=True):
+        for key in one:  # counts exactly; floats (from each rank's forward of half the batch) to rounding
+            if isinstance(one[key], int) and key.startswith("alloc/"):
+                assert one[key] == two[key], key
+            elif key.startswith("alloc/") or key == "train/reward":
+                assert one[key] == pytest.approx(two[key], rel=1e-4), key
+        assert one["train/loss"] == pytest.approx(two["train/loss"], rel=1e-4)
+    assert any(r["alloc/n_min"] != r["alloc/n_max"] for r in rl[0])  # the counts were unequal
+    np.testing.assert_allclose(np.load(runs[0] / "val_p.npy"), np.load(runs[1] / "val_p.npy"), rtol=1e-4, atol=1e-9)

@@ -21,7 +21,7 @@ from experiments.imagenet.sampling import RowSampler
 from sera.advantages import expected_scale
 from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics
-from sera.distributed import all_gather
+from sera.distributed import all_gather, world_info
 from sera.losses import pg_loss
 from sera.methods import MethodSettings, Study
 from sera.sequential import mixed_probability
@@ -68,24 +68,48 @@ def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, gen
     (docs/design.md sections 1-3).
 
     logp (B, C) log-softmax with grad; logp_true (B,) log p. Returns (loss, the step's rollout data for logging).
+    Under DistributedDataParallel the step is the whole batch of every rank: each rank gathers every rank's softmax,
+    draws every image's rollouts with the generator all ranks share (the same allocation on every rank, the one a
+    single process makes), and takes the loss on its own images' rollouts with the step's normaliser shared out, so
+    that DDP's average of the ranks' gradients is the single-process gradient.
     """
-    p_exact = logp_true.detach().exp().double().cpu().numpy()
-    rows, labels, out = draw_rollouts(settings, logp.detach().exp(), p_exact, idx, y.cpu().numpy(), history, generator)
-    idx = idx.numpy()
-    if out.prompts.size < logp.shape[0]:  # the authors' rule left some images out: the loss is on the others
-        logp, p_exact, idx = logp[torch.from_numpy(out.prompts).to(logp.device)], p_exact[out.prompts], idx[out.prompts]
-    return policy_loss(settings, logp, rows, labels, out, p_exact, idx, history)
+    rank, world = world_info()
+    probs, p_exact = logp.detach().exp(), logp_true.detach().exp().double().cpu().numpy()
+    labels_true, ids, own = y.cpu().numpy(), idx.numpy(), None
+    if world > 1:
+        parts = all_gather((probs.cpu(), p_exact, ids, labels_true))
+        start = sum(len(part[1]) for part in parts[:rank])
+        own = slice(start, start + len(p_exact))
+        probs = torch.cat([part[0] for part in parts])
+        p_exact, ids, labels_true = (np.concatenate([part[i] for part in parts]) for i in (1, 2, 3))
+    rows, labels, out = draw_rollouts(settings, probs, p_exact, torch.from_numpy(ids), labels_true, history, generator)
+    if own is None and out.prompts.size < logp.shape[0]:  # the authors' rule left some images out: the loss is on
+        keep = torch.from_numpy(out.prompts).to(logp.device)  # the others
+        return policy_loss(settings, logp[keep], rows, labels, out, p_exact[out.prompts], ids[out.prompts], history)
+    return policy_loss(settings, logp, rows, labels, out, p_exact[out.prompts], ids[out.prompts], history, own)
 
 
-def policy_loss(settings: MethodSettings, logp, rows, labels, out, p_exact, idx, history):
+def policy_loss(settings: MethodSettings, logp, rows, labels, out, p_exact, idx, history, own: slice | None = None):
     """The policy-gradient loss of the collected rollouts: advantages, SERA's multiplicity weights, aggregation.
 
     logp (C, classes) log-softmax with grad of the images trained on, in the order of out.prompts; rows (N,) and
     labels (N,) the grouped rollouts; p_exact (C,) and idx (C,) numpy. Records the outcomes in the history.
+    own: under DistributedDataParallel, this rank's images among the step's (logp is then theirs alone, every image
+    of the rank's batch, and out is the whole step's, the same on every rank): the loss is on their rollouts, with
+    the step's normaliser divided by the ranks, and the history records the whole step once.
     """
     classes = logp.shape[1]
     counts, rewards = out.counts, out.rewards  # (C,), (N,)
     adv, weights = advantages_and_weights(settings, out)  # SERA: weights n0 / n_i, every prompt keeps its weight
+    normaliser, step_weights = None, weights
+    if own is not None:
+        images = out.prompts[rows]  # each rollout's image in the step's batch
+        mine = (images >= own.start) & (images < own.stop)
+        normaliser = len(rows) / world_info()[1]
+        rows, labels, adv, weights = images[mine] - own.start, labels[mine], adv[mine], weights[mine]
+        history.update(idx, out.successes, counts)
+    else:
+        update_history(history, idx, out.successes, counts)
     # (N, 1): a classifier rollout is one token. index_select on the flat view: its backward is one index_add
     device = logp.device
     lp = logp.reshape(-1).index_select(0, torch.from_numpy(rows * classes + labels).to(device))[:, None]
@@ -95,11 +119,12 @@ def policy_loss(settings: MethodSettings, logp, rows, labels, out, p_exact, idx,
         torch.as_tensor(adv, device=device),
         torch.as_tensor(weights, device=device),
         settings.aggregation,
+        num_rollouts=normaliser,
+        num_tokens=normaliser,
     )
-    update_history(history, idx, out.successes, counts)
     return loss, SimpleNamespace(
-        rewards=rewards, counts=counts, p_exact=p_exact, p_hat=out.p_hat, tau=out.tau, weights=weights,
-        generated=out.rollouts_generated, collected=out,
+        rewards=rewards, counts=counts, p_exact=p_exact, p_hat=out.p_hat, tau=out.tau, weights=step_weights,
+        generated=out.rollouts_generated, collected=out, own=own,
     )  # fmt: skip
 
 

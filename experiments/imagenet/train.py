@@ -268,7 +268,9 @@ def setup(cfg, settings: MethodSettings, rank: int, world: int, device) -> tuple
     params = [p for p in model.parameters() if p.requires_grad]
     history = HistoricalEstimator(stream.num, settings.p_lo, settings.p_hi)
     seq_state = sequential_state(settings, stream.num)  # DPS's predictor, SARA's prior: carried across steps
-    sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
+    # one label stream on every rank: under DDP each rank draws the whole step's rollouts (policy.rollout_loss), so
+    # the allocation and the rollouts are the single process's; the sequential allocators run in one process
+    sample_gen = torch.Generator().manual_seed(cfg.seed * 7919)
     return Training(model, params, make_optimizer(cfg, params), stream, history, seq_state, sample_gen), val_batches
 
 
@@ -305,8 +307,10 @@ def step_loss(cfg, settings: MethodSettings, tr: Training, idx, x, y, drawn, rl_
         loss, out = policy_loss(settings, logp, collected.rows, labels, collected, p_exact, idx.numpy(), tr.history)
     else:
         loss, out = rollout_loss(settings, logp, logp_true, idx, y, tr.history, tr.sample_gen)
-    metrics.update(step_metrics(settings, out, loss.item(), tr.stream.batch_size))
-    if cos_due:
+    # under DDP each rank's loss is its share of the step's: their mean is the single process's loss
+    loss_value = loss.item() if out.own is None else float(np.mean(all_gather(loss.item())))
+    metrics.update(step_metrics(settings, out, loss_value, cfg.train.batch_size))
+    if cos_due and out.own is None:  # under DDP each rank holds a share of the step's gradient: not measured
         kept = out.collected.prompts  # every image but those the authors' rule left out
         if drawn is None and kept.size < logp_true.shape[0]:
             logp_true = logp_true[torch.from_numpy(kept).to(logp_true.device)]
