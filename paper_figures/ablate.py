@@ -70,15 +70,26 @@ def questions(runs: list[Run], ks: list[int]) -> PerQuestion | None:
 
 
 def groups_by_value(runs: list[Run], method: str, setting: str, values: list) -> dict:
-    """{value: the finished runs of `method` holding it}; ValueError when the runs of one value split into several
-    settings (the ablation would mix them) or a value has no run."""
+    """{value: the finished runs of `method` holding it}; ValueError when a value has no run, or when the runs of one
+    value split into several settings and the other values do not say which one the sweep ran (a folder that also
+    holds another ablation's runs: the one group whose other settings are those of another value's runs is taken;
+    a value may change more than its own key, as method.pilot_m=0 turns the estimator to the history)."""
     chosen = [r for r in runs if r.get("method.name") == method and r.finished]
-    out = {}
+    found = {}
     for value in values:
         held = [r for r in chosen if result_settings(r.config).get(setting) == value]  # defaults filled in
-        groups = group_runs(held)
-        if not groups:
+        found[value] = group_runs(held)
+        if not found[value]:
             raise ValueError(f"no finished {method} run with {setting}={value} (run the sweep first: make ablate)")
+
+    def others(group: list[Run]) -> dict:
+        return {k: v for k, v in result_settings(group[0].config).items() if k not in (setting, "seed")}
+
+    sweep = [others(groups[0]) for groups in found.values() if len(groups) == 1]
+    out = {}
+    for value, groups in found.items():
+        if len(groups) > 1 and sweep:
+            groups = [g for g in groups if any(others(g) == s for s in sweep)] or groups
         if len(groups) > 1:
             paths = [str(g[0].path) for g in groups]
             raise ValueError(f"the {method} runs with {setting}={value} differ in other settings too: {paths}")

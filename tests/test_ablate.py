@@ -76,3 +76,19 @@ def test_an_ablation_of_values_not_run_is_refused_with_what_to_do(tmp_path):
 
 def test_values_are_read_as_hydra_reads_them():
     assert [ablate.parse_value(v) for v in ("0.05", "8", "true", "seqnorm", "3e-4")] == [0.05, 8, True, "seqnorm", 3e-4]
+
+
+@pytest.mark.slow
+def test_two_ablations_in_one_folder_each_read_their_own_sweep(tmp_path):
+    """A folder holding two sweeps (the p_hat clip and the pilot count) has two groups of the default runs' method at
+    each ablation's default value: each table takes the group whose other settings are its other values' runs'."""
+    sweep("imagenet", tmp_path, "method=sera_pilot", "method.p_lo=0.0625,0.25", "seed=0")
+    sweep("imagenet", tmp_path, "method=sera_pilot", "method.pilot_m=4", "seed=0")
+    runs = load_runs(tmp_path / "imagenet-smoke")
+    clip = ablate.groups_by_value(runs, "sera_pilot", "method.p_lo", [0.0625, 0.25])
+    pilots = ablate.groups_by_value(runs, "sera_pilot", "method.pilot_m", [8, 4])
+    assert [g[0].path.name for g in clip.values()] == ["sera-m8_n0-16_seed-0", "sera-m8_n0-16_method.p_lo=0.25_seed-0"]
+    assert [g[0].path.name for g in pilots.values()] == ["sera-m8_n0-16_seed-0", "sera-m4_n0-16_seed-0"]
+    sweep("imagenet", tmp_path, "method=sera_pilot", "method.pilot_m=4", "method.p_lo=0.25", "seed=0")
+    with pytest.raises(ValueError, match="differ in other settings too"):  # now no value has a single group
+        ablate.groups_by_value(load_runs(tmp_path / "imagenet-smoke"), "sera_pilot", "method.p_lo", [0.0625, 0.25])
