@@ -10,6 +10,7 @@ experiments/maze/train.py is the worked example.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -137,10 +138,26 @@ def check_reproduced(path: Path, archived: Path) -> None:
     )
 
 
+def refuse_multiprocess_launch(study: str) -> None:
+    """The studies' own loop is one process: it starts no process group, so under torchrun (WORLD_SIZE > 1) every
+    worker would run the whole study on its own, each on the first GPU. Refused before any work, naming the path that
+    runs on several GPUs."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        sys.exit(
+            f"experiments.{study}.train runs in one process, and this launch has {world} (WORLD_SIZE): each would run "
+            "the whole study on its own. On several GPUs, train with SERA inside TRL's GRPOTrainer "
+            "(sera.trl.SERAGRPOTrainer under accelerate, DeepSpeed or FSDP, vLLM for generation: docs/trl.md, "
+            "docs/paper-scale.md); the loop's own data parallelism (sera.lm_loop under torch.distributed) is a library "
+            "path its tests exercise, not this entry point."
+        )
+
+
 def lm_main(config_name: str, run: Callable[[DictConfig], dict], report: Callable[[dict], None] | None = None):
     """The command-line entry of a study: check the method= and scale= choices (a clear list of the valid ones),
     then Hydra runs `run` on the composed config (or on each config of a --multirun sweep)."""
     check_group_choices(CONFIGS, sys.argv[1:])
+    refuse_multiprocess_launch(config_name)
 
     @name_failures
     def main(cfg: DictConfig) -> None:

@@ -688,3 +688,13 @@ def test_the_beta_history_reads_a_set_that_is_not_a_multiple_of_the_batch_by_the
 def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):
     with pytest.raises(ValueError, match="read in epochs"):
         run_toy(loop_cfg("sera", None, 0, steps=2), tmp_path / "a")
+
+
+@pytest.mark.parametrize("study", ["maze", "math"])
+def test_the_studies_refuse_a_multi_process_launch_naming_the_trl_path(study):
+    """Under torchrun every worker would run the whole study on its own: refused before any work."""
+    env = {**os.environ, "WORLD_SIZE": "2", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", f"experiments.{study}.train", f"scale={study}/smoke"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0
+    assert "runs in one process" in done.stderr and "SERAGRPOTrainer" in done.stderr

@@ -162,7 +162,8 @@ def make_optimizer(cfg, params):
 # The training run.
 # ---------------------------------------------------------------------------------------------------------------
 def setup_distributed(cfg):
-    """(rank, world, device). torchrun sets WORLD_SIZE; each rank then samples and allocates its own B prompts."""
+    """(rank, world, device). torchrun sets WORLD_SIZE; each rank then takes B / world images of each step, whose
+    allocation is over all of them (policy.rollout_loss)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
