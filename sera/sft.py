@@ -39,6 +39,7 @@ def sft_train(model, tokenizer, examples: dict, out_dir: Path, sft, seed: int, d
         bf16=device != "cpu",
         activation_checkpointing=False,
     )
+    one_device(args)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(examples), processing_class=tokenizer)
     result = trainer.train()
     shutil.rmtree(out_dir / "trainer", ignore_errors=True)  # TRL's scratch folder; the checkpoint is saved below
@@ -46,6 +47,15 @@ def sft_train(model, tokenizer, examples: dict, out_dir: Path, sft, seed: int, d
     tokenizer.save_pretrained(out_dir)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h][-3:]
     return float(np.mean(losses)) if losses else float(result.training_loss)
+
+
+def one_device(args) -> None:
+    """Keep the Trainer to one device: outside torchrun, transformers wraps the model in nn.DataParallel over every
+    visible GPU and multiplies the batch by their count, which would give another base model on a multi-GPU host. Its
+    device count is read once (args.device) and then capped at 1; only a multi-GPU host can confirm the effect."""
+    _ = args.device  # transformers sets args._n_gpu while it resolves the device
+    if getattr(args, "_n_gpu", 0) > 1:
+        args._n_gpu = 1
 
 
 def small_llama(preset: dict, vocab_size: int, bos_id: int, eos_id: int, pad_id: int, max_positions: int):
