@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast docs ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
+.PHONY: help install test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -36,6 +36,11 @@ test-fast: install ## the test suite without the slow end-to-end runs (marked sl
 docs: install ## build the documentation site into site/ (mkdocs, strict; the config reference regenerated from configs/)
 	$(PY) -m experiments.config_reference
 	$(VENV)/bin/mkdocs build --strict --quiet
+
+GPUS ?= 8
+GPU_GB ?= 80
+plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|maze SCALE=paper MODEL=... GPUS=8 GPU_GB=80); exit 1 if it cannot fit
+	$(PY) -m sera.plan $(if $(filter maze,$(STUDY)),maze scale=maze/$(SCALE),math scale=$(MATH_SCALE)) --gpus $(GPUS) --gpu-gb $(GPU_GB)
 
 test-gpu: install ## GPU machines only: the LM paths on CUDA (engine and step against the CPU, bf16, entry points, TRL in bf16)
 	$(PY) -m pytest -q tests/gpu

@@ -31,6 +31,7 @@ from sera.config import (
 )
 from sera.lm_loop import LoopSettings
 from sera.methods import MethodSettings, Study
+from sera.plan import check_fits
 from sera.rollout import HFEngine, VLLMEngine
 from sera.runlog import ARCHIVED_FILE, RunDir, base_identity, finished_summary
 
@@ -55,8 +56,12 @@ def validate_lm(cfg, study: Study) -> tuple[MethodSettings, LoopSettings]:
 
 
 def resolve_device(cfg) -> str:
-    """'cuda' when asked for, or when auto finds one; else 'cpu'."""
-    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    """'cuda' when asked for, or when auto finds one; else 'cpu'. On a GPU the run's memory plan (sera.plan) must fit
+    the device before any work starts."""
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if device == "cuda" and torch.cuda.is_available():
+        check_fits(cfg, 1, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9)
+    return device
 
 
 def study_root(cfg, *parts: str) -> Path:

@@ -1,0 +1,56 @@
+"""The memory planner (sera.plan): its arithmetic on a small architecture by hand, the paper configs' plans (the
+finding that none fits an 80 GB GPU as shipped), and the refusal a GPU run makes before any work."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from sera import plan as planner
+
+CONFIGS = str(planner.__file__).rsplit("/sera/", 1)[0] + "/configs"
+
+
+def config(study, *overrides):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose(config_name=study, overrides=list(overrides))
+
+
+def test_the_arithmetic_by_hand():
+    arch = planner.Arch(params=1e9, layers=10, hidden=1000, vocab=50000)
+    p = planner.plan(arch, rollouts=64, micro_batch=4, prompt_tokens=100, response_tokens=900, gpus=2, gpu_gb=80,
+                     sharded=False, autocast="bfloat16", vllm_share=0.25)  # fmt: skip
+    assert (p.weights, p.gradients, p.optimizer) == (4.0, 4.0, 8.0)  # 1e9 x 4, 4, 8 bytes
+    assert p.activations == pytest.approx(10 * 4 * 1000 * 1000 * 34 / 1e9)  # layers x tokens x hidden x 34 bytes
+    assert p.logits == pytest.approx(2 * 4 * 900 * 50000 * 4 / 1e9)  # two float32 copies of (micro, T, V)
+    assert p.vllm == 20.0 and p.total == pytest.approx(16 + 1.36 + 1.44 + 20) and p.fits
+    flops = 6 * 1e9 * 64 * 1000 + 2 * 1e9 * 64 * 900
+    assert p.step_seconds == pytest.approx(flops / (2 * planner.ASSUMED_TFLOPS * 1e12))
+    sharded = planner.plan(arch, rollouts=64, micro_batch=4, prompt_tokens=100, response_tokens=900, gpus=2,
+                           gpu_gb=80, sharded=True, autocast=None, vllm_share=0.0)  # fmt: skip
+    assert sharded.weights == 2.0 and sharded.activations == pytest.approx(2 * p.activations)  # float32: twice
+
+
+@pytest.mark.parametrize("scale", ["paper", "paper_qwen25math", "paper_qwen3"])
+def test_no_paper_config_fits_an_80_gb_gpu_as_shipped_and_the_run_refuses(scale):
+    cfg = config("math", f"scale=math/{scale}")
+    p = planner.plan_of(cfg, gpus=8, gpu_gb=80)
+    assert not p.fits and p.logits > 80  # the (N, T, V) float32 logits of one micro-batch alone
+    with pytest.raises(ValueError, match="needs about .* GB a GPU and the GPU has 80 GB.*micro_batch_rollouts"):
+        planner.check_fits(cfg, 8, 80)
+
+
+def test_a_sharded_mixed_precision_plan_with_small_micro_batches_fits():
+    cfg = config("math", "scale=math/paper_qwen25math", "train.micro_batch_rollouts=1", "model.dtype=bfloat16",
+                 "train.parallel=fsdp2")  # fmt: skip
+    p = planner.plan_of(cfg, gpus=8, gpu_gb=80)
+    assert p.fits and p.weights == pytest.approx(1.54e9 * 4 / 8 / 1e9)
+    planner.check_fits(cfg, 8, 80)  # no refusal
+
+
+def test_the_cpu_models_have_nothing_to_plan_and_the_command_says_whether_it_fits():
+    assert planner.plan_of(config("maze"), gpus=1, gpu_gb=80) is None
+    done = subprocess.run([sys.executable, "-m", "sera.plan", "math", "scale=math/paper_qwen3", "--gpus", "8"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "does NOT fit" in done.stdout and "qwen3-4b-base" in done.stdout
