@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     rollouts = cfg.train.batch_size * cfg.n0
     micro = cfg.train.micro_batch_rollouts or "a whole share"
-    print(f"{cfg.model.name}: {rollouts} rollouts a step of up to {cfg.max_new_tokens} tokens, micro-batches of {micro}, "
-          f"{args.gpus} GPU(s) of {args.gpu_gb:.0f} GB")  # fmt: skip
+    print(f"{cfg.model.name}: {rollouts} rollouts a step of up to {cfg.max_new_tokens} tokens, micro-batches of "
+          f"{micro}, {args.gpus} GPU(s) of {args.gpu_gb:.0f} GB")  # fmt: skip
     for name, value in p.rows():
         print(f"  {name:54s} {value}")
     hours = p.step_seconds * cfg.train.steps / 3600
