@@ -604,14 +604,31 @@ def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads:
         print(f"{out_dir} is finished with this config; skipping (run.if_finished={cfg.run.if_finished})")
         return summary
     model, task, engine = prepare()
-    reason = static_decode_unsupported(model) if ls.logprobs == "shared-prompt" else None
-    if reason is not None:  # before the first step
-        raise ValueError(f"train.logprobs=shared-prompt cannot run this model: {reason}")
-    if world_info()[0] != 0:  # data parallel: rank 0 holds the run directory
-        return train(ms, ls, task, model, engine, None)
-    with RunDir(out_dir, config, cfg.wandb) as run_dir:
-        if base is not None:
-            record_base(run_dir.path, base)
-        final = train(ms, ls, task, model, engine, run_dir)
-        run_dir.finish({"step": ls.steps, "threads": threads, **final})
-    return final
+    try:
+        reason = static_decode_unsupported(model) if ls.logprobs == "shared-prompt" else None
+        if reason is not None:  # before the first step
+            raise ValueError(f"train.logprobs=shared-prompt cannot run this model: {reason}")
+        if world_info()[0] != 0:  # data parallel: rank 0 holds the run directory
+            return train(ms, ls, task, model, engine, None)
+        with RunDir(out_dir, config, cfg.wandb) as run_dir:
+            if base is not None:
+                record_base(run_dir.path, base)
+            final = train(ms, ls, task, model, engine, run_dir)
+            run_dir.finish({"step": ls.steps, "threads": threads, **final})
+        return final
+    finally:  # a sweep runs its jobs in one process: the next one must find the GPU free
+        release(engine)
+
+
+def release(engine) -> None:
+    """Free what an engine holds once its run is over, finished or failed: vLLM's engine process and its share of the
+    GPU (engine.close()), then the CUDA cache. A sweep's jobs share one process, so without this the next job would
+    start beside the last one's vLLM."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+    if torch.cuda.is_available():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()

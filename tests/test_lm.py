@@ -698,3 +698,34 @@ def test_the_studies_refuse_a_multi_process_launch_naming_the_trl_path(study):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode != 0
     assert "runs in one process" in done.stderr and "SERAGRPOTrainer" in done.stderr
+
+
+def test_a_run_releases_its_engine_when_it_ends_or_fails(tmp_path, monkeypatch):
+    """A sweep's jobs share one process: each RL run closes its engine (vLLM's engine process and GPU share) when it
+    finishes and when it fails, so the next job does not start beside it."""
+    from sera import lm_loop
+
+    class ClosingEngine(HFEngine):
+        closed = 0
+
+        def close(self):
+            ClosingEngine.closed += 1
+
+    cfg = loop_cfg("maxrl", "none", 0, steps=2)
+    cfg.run.if_finished, cfg.wandb = "error", {"enabled": False}
+    ms, ls = settings(cfg)
+
+    def prepare():
+        model = tiny_model()
+        return model, ToyTask(), ClosingEngine(model, EOS, PAD)
+
+    lm_loop.run_rl(cfg, ms, ls, tmp_path / "done", prepare, 1)
+    assert ClosingEngine.closed == 1 and (tmp_path / "done" / "DONE").exists()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(lm_loop, "train", broken)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        lm_loop.run_rl(cfg, ms, ls, tmp_path / "failed", prepare, 1)
+    assert ClosingEngine.closed == 2

@@ -38,7 +38,7 @@ from experiments.math.model import (
 from experiments.math.prompts import TEMPLATES
 from experiments.math.sft import train_base
 from experiments.math.task import EVAL_ID_BASE, MathTask
-from sera.lm_loop import LoopSettings, evaluate_into, run_rl
+from sera.lm_loop import LoopSettings, evaluate_into, release, run_rl
 from sera.lm_study import base_path, base_run, lm_main, make_engine, resolve_device, run_name, study_root, validate_lm
 from sera.methods import MethodSettings, Study
 from sera.threads import set_torch_threads
@@ -194,8 +194,11 @@ def ensure_base(cfg, loop: LoopSettings, path: Path, problems, policy, device: s
             metrics["train/sft_loss"] = train_base(cfg, sft, path, device)
             step = cfg.sft.steps
         _, tokenizer, engine, eos_id, pad_id = policy()
-        task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)
-        metrics.update(evaluate_into(run_dir, step, loop, task, engine, torch.Generator().manual_seed(cfg.seed)))
+        try:
+            task = MathTask(tokenizer, cfg.template, problems, cfg.train.batch_size, cfg.seed, eos_id, pad_id)
+            metrics.update(evaluate_into(run_dir, step, loop, task, engine, torch.Generator().manual_seed(cfg.seed)))
+        finally:
+            release(engine)
         if cfg.data.family is not None:
             metrics.update(guess_metrics(train + sft, evals, loop.eval_ks))
         return step, metrics, {}
