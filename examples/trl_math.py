@@ -105,6 +105,9 @@ def main(argv=None) -> SERAGRPOTrainer:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
+    logits_gb = rows * a.max_completion_length * len(tokenizer) * (2 if a.bf16 else 4) / 1e9
+    print(f"{rows} rows a device micro-batch: their logits take about {logits_gb:.1f} GB (B x n0 = "
+          f"{a.prompts} x {a.n0} over {processes} processes x {a.grad_accum} micro-batches)")
 
     def dataset(rows: list[dict]):
         return Dataset.from_dict(

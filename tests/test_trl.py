@@ -255,7 +255,7 @@ def test_comparison_script_runs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_launch_script_runs_on_the_cpu(tmp_path):
+def test_launch_script_runs_on_the_cpu(tmp_path, capsys):
     """examples/trl_math.py, the script README launches on several GPUs, for one CPU step on generated chain sums."""
     from examples.trl_math import main
 
@@ -264,6 +264,7 @@ def test_launch_script_runs_on_the_cpu(tmp_path):
               "--output-dir", str(tmp_path)]  # fmt: skip
     trainer = main([*common, "--steps", "1"])
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 2 * 8
+    assert "16 rows a device micro-batch: their logits take about" in capsys.readouterr().out  # 2 x 8 / (1 x 1)
     # held-out evaluation (4 problems x n0 = 32 rows: more than a generation batch), checkpoints, then a resume
     evaluated = [*common, "--eval-problems", "4", "--eval-every", "1", "--save-every", "1"]
     main([*evaluated, "--steps", "1"])
