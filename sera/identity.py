@@ -45,6 +45,7 @@ ADDED_DEFAULTS = {
     ("optim", "warmup_epochs"): None,
     ("task", "train_set"): None,
     ("task", "eval_set"): None,
+    ("train", "trim_responses"): False,
 }
 
 

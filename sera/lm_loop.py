@@ -129,6 +129,7 @@ class LoopSettings:
     max_skipped_steps: int  # consecutive non-finite steps before the run stops
     progress: bool
     autocast: str | None = None  # "bfloat16": the loss's forward in bf16 autocast over float32 (master) weights
+    trim_responses: bool = False  # each micro-batch cut to its longest response (memory; same log-probs)
 
     @classmethod
     def from_config(cls, cfg) -> LoopSettings:
@@ -148,6 +149,7 @@ class LoopSettings:
             log_coverage=bool(t.get("log_coverage", False)),
             checkpoint_every=int(cfg.run.checkpoint_every), max_skipped_steps=int(cfg.run.max_skipped_steps),
             progress=bool(cfg.progress), autocast=mixed_precision(cfg),
+            trim_responses=bool(t.get("trim_responses", False)),
         )  # fmt: skip
         for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
             if getattr(s, name) < 1:
@@ -398,6 +400,8 @@ def backward_in_micro_batches(
             (logp.sum() * 0.0).backward()
             continue
         sub = rollouts.select(chunk)
+        if ls.trim_responses:
+            sub = sub.trimmed()
         with autocast(ls, device):
             logp = loss_logprobs(ls, model, prompts, sub, pad_id)
         loss = pg_loss(

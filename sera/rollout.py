@@ -38,6 +38,12 @@ class Rollouts:
     def select(self, rows: torch.Tensor) -> Rollouts:
         return Rollouts(self.prompt_index[rows], self.tokens[rows], self.mask[rows], self.logprobs[rows])
 
+    def trimmed(self) -> Rollouts:
+        """The same rollouts cut to their longest response (at least one column): a micro-batch of short responses
+        need not carry the step's full width through the loss's forward."""
+        width = max(int(self.mask.sum(1).max()) if self.mask.numel() else 0, 1)
+        return Rollouts(self.prompt_index, self.tokens[:, :width], self.mask[:, :width], self.logprobs[:, :width])
+
 
 def concat_rollouts(parts: list[Rollouts], pad_id: int, order=None) -> Rollouts:
     """Merge rollouts of the same prompts (e.g. pilots and the rest) into one set grouped by prompt, pilots first;

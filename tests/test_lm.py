@@ -729,3 +729,26 @@ def test_a_run_releases_its_engine_when_it_ends_or_fails(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="a step failed"):
         lm_loop.run_rl(cfg, ms, ls, tmp_path / "failed", prepare, 1)
     assert ClosingEngine.closed == 2
+
+
+def test_trimmed_micro_batches_give_the_same_step(tmp_path):
+    """train.trim_responses cuts each micro-batch to its longest response: the same log-probs on the response tokens,
+    so the same loss and gradient (equal bit for bit on this model), in less memory."""
+    from sera.lm_loop import rl_step
+
+    grads = []
+    for trim in (False, True):
+        cfg = loop_cfg("sera_pilot", "pilot", 2, "seqnorm", micro=3)
+        cfg.train.trim_responses = trim
+        ms, ls = settings(cfg)
+        assert ls.trim_responses is trim
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        metrics = rl_step(
+            ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(5), 0
+        )
+        grads.append((metrics["train/loss"], torch.cat([p.grad.reshape(-1) for p in model.parameters()])))
+    assert grads[0][0] == grads[1][0] and torch.equal(grads[0][1], grads[1][1])
+    short = HFEngine(tiny_model(), EOS, PAD).generate(PROMPTS, [2, 2, 2], 12, torch.Generator().manual_seed(1))
+    cut = short.trimmed()
+    assert cut.tokens.shape[1] == int(short.mask.sum(1).max()) and torch.equal(cut.mask.sum(1), short.mask.sum(1))
