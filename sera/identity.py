@@ -46,6 +46,7 @@ ADDED_DEFAULTS = {
     ("task", "train_set"): None,
     ("task", "eval_set"): None,
     ("train", "trim_responses"): False,
+    ("train", "logprob_chunk"): None,
 }
 
 

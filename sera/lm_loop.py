@@ -130,6 +130,7 @@ class LoopSettings:
     progress: bool
     autocast: str | None = None  # "bfloat16": the loss's forward in bf16 autocast over float32 (master) weights
     trim_responses: bool = False  # each micro-batch cut to its longest response (memory; same log-probs)
+    logprob_chunk: int | None = None  # the loss's log-softmax this many positions at a time, recomputed in backward
 
     @classmethod
     def from_config(cls, cfg) -> LoopSettings:
@@ -150,6 +151,7 @@ class LoopSettings:
             checkpoint_every=int(cfg.run.checkpoint_every), max_skipped_steps=int(cfg.run.max_skipped_steps),
             progress=bool(cfg.progress), autocast=mixed_precision(cfg),
             trim_responses=bool(t.get("trim_responses", False)),
+            logprob_chunk=None if t.get("logprob_chunk") is None else int(t.logprob_chunk),
         )  # fmt: skip
         for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
             if getattr(s, name) < 1:
@@ -168,6 +170,8 @@ class LoopSettings:
                 "train.logprobs=shared-prompt runs Llama's layers module by module, past FSDP2's per-block "
                 "unsharding: use train.logprobs=repeated-cache with train.parallel=fsdp2"
             )
+        if s.logprob_chunk is not None and s.logprob_chunk < 1:
+            raise ValueError(f"train.logprob_chunk must be >= 1 or null, got {s.logprob_chunk}")
         if s.micro_batch_rollouts is not None and s.micro_batch_rollouts < 1:
             raise ValueError(f"train.micro_batch_rollouts must be >= 1 or null, got {s.micro_batch_rollouts}")
         if len(s.betas) != 2 or not all(0 <= b < 1 for b in s.betas) or not s.eps > 0 or not s.grad_clip > 0:
@@ -354,8 +358,8 @@ def loss_logprobs(ls: LoopSettings, model, prompts, rollouts: Rollouts, pad_id: 
     """The rollouts' log-probs (N, T) for the loss, with gradients, by the path ls.logprobs names (equal up to float
     rounding; shared-prompt is the faster, in length buckets)."""
     if ls.logprobs == "shared-prompt":
-        return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature)
-    return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature)
+        return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature, chunk=ls.logprob_chunk)
+    return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature, chunk=ls.logprob_chunk)
 
 
 def autocast(ls: LoopSettings, device: torch.device):

@@ -324,11 +324,14 @@ class HFEngine:
             logits, next_pos = out.logits[:, -1], next_pos + 1
 
 
-def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int, temperature: float = 1.0):
+def response_logprobs(
+    model, prompts: list[list[int]], rollouts: Rollouts, pad_id: int, temperature: float = 1.0, chunk: int | None = None
+):
     """Per-token log-probs (N, T) of the rollouts' responses under `model` at the sampling temperature, with gradients.
 
     The prompts the rollouts belong to are run once; their KV cache is repeated per rollout (gradients flow back
-    through it) and the responses are run on top. Do not combine with gradient checkpointing.
+    through it) and the responses are run on top. Do not combine with gradient checkpointing of the model. `chunk`:
+    the log-softmax `chunk` positions at a time (token_logprobs).
     """
     device = next(model.parameters()).device
     used, row_of = torch.unique(rollouts.prompt_index, return_inverse=True)
@@ -348,8 +351,26 @@ def response_logprobs(model, prompts: list[list[int]], rollouts: Rollouts, pad_i
         use_cache=True,
     )
     logits = torch.cat([out.logits[row_of, -1:], resp.logits[:, :-1]], dim=1)  # logits predicting each response token
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(2, rollouts.tokens.to(device)[..., None])[..., 0]
+    return token_logprobs(logits, rollouts.tokens.to(device), temperature, chunk)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk: int | None = None):
+    """log softmax(logits / temperature) at `tokens`: (N, T, V), (N, T) -> (N, T). With `chunk`, `chunk` positions at
+    a time, each recomputed in the backward pass (activation checkpointing), so the float32 copy and the log-softmax of
+    the whole (N, T, V) are never held at once; every position is computed by the same operations, so the values and
+    gradients are the unchunked ones."""
+
+    def piece(part: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(part.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
+
+    if chunk is None or chunk >= logits.shape[1]:
+        return piece(logits, tokens)
+    from torch.utils.checkpoint import checkpoint
+
+    return torch.cat(
+        [checkpoint(piece, logits[:, s : s + chunk], tokens[:, s : s + chunk], use_reentrant=False)
+         for s in range(0, logits.shape[1], chunk)], dim=1,
+    )  # fmt: skip
 
 
 LOGPROB_PATHS = ("repeated-cache", "shared-prompt")
@@ -365,6 +386,7 @@ def shared_prompt_logprobs(
     pad_id: int,
     temperature: float = 1.0,
     buckets: int = LOGPROB_BUCKETS,
+    chunk: int | None = None,
 ):
     """`response_logprobs` without repeating the prompts' cache per rollout, and without the padding after each
     response: the same log-probs (float rounding aside) and gradients, for a Llama model (`static_decode_unsupported`
@@ -397,7 +419,7 @@ def shared_prompt_logprobs(
         rows = part[torch.argsort(row_of[part], stable=True)]  # grouped by prompt, as the layers take them
         width = max(1, int(lengths[rows].max()))
         tokens = rollouts.tokens[rows, :width].to(device)
-        logp = _layers_logprobs(model, prompt, tokens, row_of[rows].to(device), temperature)
+        logp = _layers_logprobs(model, prompt, tokens, row_of[rows].to(device), temperature, chunk)
         pieces.append(torch.nn.functional.pad(logp, (0, rollouts.tokens.shape[1] - width)))
         order.append(rows)
     return torch.cat(pieces)[torch.argsort(torch.cat(order)).to(device)]  # back in the rollouts' order
@@ -412,7 +434,9 @@ class PromptKV:
     last_logits: torch.Tensor  # (P, V)
 
 
-def _layers_logprobs(model, prompt: PromptKV, tokens: torch.Tensor, row_of: torch.Tensor, temperature: float = 1.0):
+def _layers_logprobs(
+    model, prompt: PromptKV, tokens: torch.Tensor, row_of: torch.Tensor, temperature: float = 1.0, chunk=None
+):
     """Log-probs (N, T) of `tokens` (N, T), responses to prompts row_of (N,) grouped by prompt, through the layers."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -452,7 +476,7 @@ def _layers_logprobs(model, prompt: PromptKV, tokens: torch.Tensor, row_of: torc
         x = x + a.o_proj(attended)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     logits = torch.cat([prompt.last_logits[row_of][:, None], model.lm_head(body.norm(x[:, :-1]))], dim=1)
-    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, tokens[..., None])[..., 0]
+    return token_logprobs(logits, tokens, temperature, chunk)
 
 
 class VLLMEngine:

@@ -752,3 +752,24 @@ def test_trimmed_micro_batches_give_the_same_step(tmp_path):
     short = HFEngine(tiny_model(), EOS, PAD).generate(PROMPTS, [2, 2, 2], 12, torch.Generator().manual_seed(1))
     cut = short.trimmed()
     assert cut.tokens.shape[1] == int(short.mask.sum(1).max()) and torch.equal(cut.mask.sum(1), short.mask.sum(1))
+
+
+@pytest.mark.parametrize("path", ["repeated-cache", "shared-prompt"])
+def test_chunked_logprobs_give_the_same_values_and_gradients(path):
+    """train.logprob_chunk: the loss's log-softmax a few positions at a time, each recomputed in backward, gives the
+    log-probs and the gradient of the whole (N, T, V) at once, bit for bit."""
+    from sera.rollout import shared_prompt_logprobs
+
+    rollouts = HFEngine(tiny_model(), EOS, PAD).generate(PROMPTS, [3, 2, 4], 9, torch.Generator().manual_seed(1))
+    results = []
+    for chunk in (None, 2):
+        model = tiny_model()
+        fn = response_logprobs if path == "repeated-cache" else shared_prompt_logprobs
+        logp = fn(model, PROMPTS, rollouts, PAD, 0.8, chunk=chunk)
+        (logp * rollouts.mask).sum().backward()
+        results.append((logp.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters()])))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    cfg = loop_cfg()
+    cfg.train.logprob_chunk = 0
+    with pytest.raises(ValueError, match="logprob_chunk"):
+        settings(cfg)
