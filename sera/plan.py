@@ -63,7 +63,7 @@ class Plan:
     def rows(self) -> list[tuple[str, str]]:
         parts = [("weights (float32 master)", self.weights), ("gradients (float32)", self.gradients),
                  ("AdamW state (2 x float32)", self.optimizer), ("activations (one micro-batch)", self.activations),
-                 ("logits (one micro-batch, float32, with log-softmax)", self.logits),
+                 ("logits (one micro-batch, with the loss's log-softmax)", self.logits),
                  ("vLLM (its gpu_memory_utilization share)", self.vllm)]  # fmt: skip
         out = [(name, f"{gb:.1f} GB") for name, gb in parts]
         out += [("total", f"{self.total:.1f} GB of {self.gpu_gb:.0f} GB: {'fits' if self.fits else 'does NOT fit'}")]
@@ -72,13 +72,15 @@ class Plan:
 
 
 def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, response_tokens: int, gpus: int,
-         gpu_gb: float, sharded: bool, autocast: str | None, vllm_share: float) -> Plan:  # fmt: skip
+         gpu_gb: float, sharded: bool, autocast: str | None, vllm_share: float,
+         chunk: int | None = None) -> Plan:  # fmt: skip
     """The per-GPU memory of one training rank and the compute of one step.
 
     rollouts: a step's rollouts (B n0); micro_batch: rollouts in one forward/backward (the step's whole share when
     0); prompt and response tokens at their limits (the loss keeps the width of the longest response); sharded:
     FSDP2 or ZeRO-3 (weights, gradients and optimizer state divided by the GPUs), else a full replica a GPU;
-    autocast: "bfloat16" for mixed precision, None for float32; vllm_share: the fraction of the GPU vLLM reserves.
+    autocast: "bfloat16" for mixed precision, None for float32; vllm_share: the fraction of the GPU vLLM reserves;
+    chunk: train.logprob_chunk (None: the loss's log-softmax over the whole width at once).
     """
     if gpus < 1 or rollouts < 1 or gpu_gb <= 0:
         raise ValueError(f"need gpus >= 1, rollouts >= 1 and gpu_gb > 0; got {gpus}, {rollouts}, {gpu_gb}")
@@ -87,7 +89,12 @@ def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, res
     micro = min(micro_batch or per_rank, per_rank)
     tokens = micro * (prompt_tokens + response_tokens)
     activations = arch.layers * tokens * arch.hidden * ACTIVATION_BYTES["bfloat16" if autocast else "float32"] / GB
-    logits = 2 * micro * response_tokens * arch.vocab * 4 / GB
+    # the forward's logits (bf16 under autocast, else float32), then the loss's float32 copy and log-softmax: of the
+    # whole width, or of `chunk` positions at a time (train.logprob_chunk; a float32 forward needs no copy)
+    forward = 2 if autocast else 4
+    width = response_tokens if chunk is None else min(chunk, response_tokens)
+    loss_copies = (4 if autocast else 0) + 4
+    logits = micro * arch.vocab * (response_tokens * forward + width * loss_copies) / GB
     trained = rollouts * (prompt_tokens + response_tokens)
     flops = 6 * arch.params * trained + 2 * arch.params * rollouts * response_tokens  # train, then generate
     return Plan(
@@ -120,6 +127,7 @@ def plan_of(cfg, gpus: int, gpu_gb: float, prompt_tokens: int = 512) -> Plan | N
         sharded=train.get("parallel", "ddp") == "fsdp2",
         autocast="bfloat16" if model.get("dtype") == "bfloat16" else None,
         vllm_share=float(cfg.vllm.gpu_memory_utilization) if cfg.get("engine") == "vllm" else 0.0,
+        chunk=train.get("logprob_chunk"),
     )
 
 

@@ -23,20 +23,25 @@ def test_the_arithmetic_by_hand():
                      sharded=False, autocast="bfloat16", vllm_share=0.25)  # fmt: skip
     assert (p.weights, p.gradients, p.optimizer) == (4.0, 4.0, 8.0)  # 1e9 x 4, 4, 8 bytes
     assert p.activations == pytest.approx(10 * 4 * 1000 * 1000 * 34 / 1e9)  # layers x tokens x hidden x 34 bytes
-    assert p.logits == pytest.approx(2 * 4 * 900 * 50000 * 4 / 1e9)  # two float32 copies of (micro, T, V)
-    assert p.vllm == 20.0 and p.total == pytest.approx(16 + 1.36 + 1.44 + 20) and p.fits
+    # (micro, T, V): the bf16 forward's logits, then the loss's float32 copy and its log-softmax
+    assert p.logits == pytest.approx(4 * 900 * 50000 * (2 + 4 + 4) / 1e9)
+    assert p.vllm == 20.0 and p.total == pytest.approx(16 + 1.36 + 1.8 + 20) and p.fits
     flops = 6 * 1e9 * 64 * 1000 + 2 * 1e9 * 64 * 900
     assert p.step_seconds == pytest.approx(flops / (2 * planner.ASSUMED_TFLOPS * 1e12))
     sharded = planner.plan(arch, rollouts=64, micro_batch=4, prompt_tokens=100, response_tokens=900, gpus=2,
                            gpu_gb=80, sharded=True, autocast=None, vllm_share=0.0)  # fmt: skip
     assert sharded.weights == 2.0 and sharded.activations == pytest.approx(2 * p.activations)  # float32: twice
+    assert sharded.logits == pytest.approx(4 * 900 * 50000 * (4 + 4) / 1e9)  # a float32 forward: no copy
+    chunked = planner.plan(arch, rollouts=64, micro_batch=4, prompt_tokens=100, response_tokens=900, gpus=2,
+                           gpu_gb=80, sharded=False, autocast="bfloat16", vllm_share=0.0, chunk=100)  # fmt: skip
+    assert chunked.logits == pytest.approx(4 * 50000 * (900 * 2 + 100 * 8) / 1e9)  # train.logprob_chunk=100
 
 
 @pytest.mark.parametrize("scale", ["paper", "paper_qwen25math", "paper_qwen3"])
 def test_no_paper_config_fits_an_80_gb_gpu_as_shipped_and_the_run_refuses(scale):
     cfg = config("math", f"scale=math/{scale}")
     p = planner.plan_of(cfg, gpus=8, gpu_gb=80)
-    assert not p.fits and p.logits > 80  # the (N, T, V) float32 logits of one micro-batch alone
+    assert not p.fits and p.logits > 80  # the (N, T, V) logits of one micro-batch alone
     with pytest.raises(ValueError, match="needs about .* GB a GPU and the GPU has 80 GB.*micro_batch_rollouts"):
         planner.check_fits(cfg, 8, 80)
 
