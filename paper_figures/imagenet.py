@@ -14,6 +14,7 @@ or val_p lengths differ are an error naming them; two differently configured SER
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
@@ -92,8 +93,16 @@ def has_method(group: list[Run], name: str) -> bool:
     return group[0].get("method.name") == name
 
 
+def swept(run: Run) -> bool:
+    """A run of another setting's ablation (make ablate): its folder names a setting changed from the scale's default
+    (sera.identity.run_name), other than the active-set threshold, which Table 2 shows as a row of its own. Such runs
+    share the grid's folder and belong to their ablation's table, not Table 2."""
+    return "=" in re.sub(r"alloc\.threshold=[^_]+", "", run.path.name)
+
+
 def table2(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
-    runs = [r for r in load_runs(runs_root / f"imagenet-{scale}") if variant(r) in ("", "oracle", "all prompts active")]
+    runs = [r for r in load_runs(runs_root / f"imagenet-{scale}")
+            if variant(r) in ("", "oracle", "all prompts active") and not swept(r)]  # fmt: skip
     groups = sorted(group_runs(runs), key=lambda g: (slot(g[0].get("method.name"), g[0].get("n0")), variant(g[0])))
     by_slot: dict[tuple, list] = {}
     for label, g in label_groups(groups, row_label, key=lambda g: g[0].get("n0")):
@@ -355,6 +364,7 @@ def table3(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
         if r.get("method.name") == "sera_pilot"
         and r.get("n0") == 16
         and method_setting(r, "estimator") in ("pilot", "history")
+        and not swept(r)  # another setting's ablation (the p_hat clip) in the same folder
     ]
     groups = sorted(group_runs(runs), key=lambda g: method_setting(g[0], "pilot_m"))
     paper = {int(p["m"]): p for p in read_reference("table3_imagenet_p_estimation.csv")}

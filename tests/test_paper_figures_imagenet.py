@@ -337,3 +337,15 @@ def test_settings_added_later_do_not_split_rows():
     a = Run(None, {"engine": "vllm", "vllm": {"dtype": None}, "train": {"steps": 5}}, [], True)
     b = Run(None, {"engine": "vllm", "vllm": {"dtype": "bfloat16"}, "train": {"steps": 5}}, [], True)
     assert setting(old) == setting(new) and setting(new) != setting(fsdp) and setting(a) != setting(b)
+
+
+def test_table2_leaves_another_ablations_runs_to_their_table(tmp_path):
+    """A `make ablate` sweep of the p_hat clip in the grid's folder: its runs (folders naming the changed setting) are
+    not Table 2's, so SERA with pilots still pairs with MaxRL instead of being refused."""
+    make_run(tmp_path, "maxrl", val_p=np.full(50, 0.4))
+    make_run(tmp_path, "sera_pilot", steps=100, val_p=np.full(50, 0.5))
+    swept = make_run(tmp_path, "sera_pilot", steps=200, seed=1, val_p=np.full(50, 0.6))
+    swept.rename(swept.with_name("sera-m8_n0-16_method.p_lo=0.125_seed-0"))
+    imagenet.table2(tmp_path, "cpu", tmp_path / "out")
+    verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
+    assert "refused" not in verdict and "| 16 | 1 vs 1 |" in verdict
