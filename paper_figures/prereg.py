@@ -58,6 +58,7 @@ class Claim:
     claimed: int = +1  # the sign the claim states: +1 above zero (SERA above MaxRL), -1 below (a loss)
     scale: str | None = None  # the runs' folder is <study>-<scale>; None: the table's scale
     exploratory: bool = False  # labelled exploratory in the registration: its interval is shown, nothing decided
+    underpowered: str = ""  # the registration ran it at its seed cap, short of 80% power for this effect
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ CLAIMS = (
           aggregation="token-mean", k=128, seeds=(0, 1, 2), retrained=(1, 2), paper=-11.13, claimed=-1),
     # the authors' rule (PREREGISTRATION_AUTHORS.md)
     Claim("C5 maze token-mean, the authors' SERA", **MAZE, tested="sera", against="maxrl", aggregation="token-mean",
-          k=32, seeds=tuple(range(24)), new_seeds=tuple(range(3, 24)), paper=3.70, scale="cpu_pool"),
+          k=32, seeds=tuple(range(24)), new_seeds=tuple(range(3, 24)), paper=3.70, scale="cpu_pool",
+          underpowered="C1's effect (+4.43 pp)"),
     Claim("C6 math token-mean, the authors' SERA", **MATH, tested="sera", against="maxrl", aggregation="token-mean",
           k=16, seeds=tuple(range(5, 25)), new_seeds=tuple(range(8, 25)), paper=5.54),
     Claim("E1 math token-mean, the authors' SERA minus SERA with pilots", **MATH, tested="sera", against="sera_pilot",
@@ -258,9 +260,10 @@ def claim_rows(runs: list[Run], claim: Claim, retrained: Sequence[Run] = ()) -> 
             decision, versus = "exploratory: decides nothing", ""
         label = f"{min(seeds)}-{max(seeds)}" if len(seeds) > 1 else str(seeds[0])
         each = ", ".join(f"{seed}: {diffs[seed]:+.2f}" for seed in seeds if seed in diffs)
-        out.append(
-            [claim.name, endpoint, f"{len(values)} of {len(seeds)} ({label})", cell, decision, paper, versus, each]
-        )
+        count = f"{len(values)} of {len(seeds)} ({label})"
+        if claim.underpowered and endpoint.startswith("primary"):
+            count += f", the cap: underpowered for {claim.underpowered}"
+        out.append([claim.name, endpoint, count, cell, decision, paper, versus, each])
     return out
 
 
