@@ -67,6 +67,13 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-problems", type=int, default=0, help="held-out problems evaluated (0: no evaluation)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
     p.add_argument("--save-every", type=int, default=None, help="steps between checkpoints (default: no checkpoints)")
+    p.add_argument(
+        "--records",
+        default=None,
+        help="write the suite's per-question records of the held-out problems "
+        "here (eval_step<N>_heldout.json) every --eval-every steps and at the end",
+    )
+    p.add_argument("--record-samples", type=int, default=64, help="samples a held-out question for the records")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     return p.parse_args(argv)
 
@@ -106,8 +113,10 @@ def main(argv=None) -> SERAGRPOTrainer:
 
         tokenizer = AutoTokenizer.from_pretrained(model)
     logits_gb = rows * a.max_completion_length * len(tokenizer) * (2 if a.bf16 else 4) / 1e9
-    print(f"{rows} rows a device micro-batch: their logits take about {logits_gb:.1f} GB (B x n0 = "
-          f"{a.prompts} x {a.n0} over {processes} processes x {a.grad_accum} micro-batches)")
+    print(
+        f"{rows} rows a device micro-batch: their logits take about {logits_gb:.1f} GB (B x n0 = "
+        f"{a.prompts} x {a.n0} over {processes} processes x {a.grad_accum} micro-batches)"
+    )
 
     def dataset(rows: list[dict]):
         return Dataset.from_dict(
@@ -132,9 +141,23 @@ def main(argv=None) -> SERAGRPOTrainer:
         logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, heldout),
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
     )  # fmt: skip
+    callbacks = []
+    if a.records:
+        if not heldout:
+            raise ValueError("--records needs held-out problems: --eval-problems (and --eval for a registry set)")
+        from experiments.math.task import MathTask
+        from sera.trl import RecordsCallback
+
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        task = MathTask(tokenizer, a.template, (problems, {"heldout": heldout}, []), a.prompts, a.seed, eos, pad)
+        ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= a.record_samples]
+        callbacks.append(RecordsCallback(a.records, task, every=a.eval_every, samples=a.record_samples, ks=ks,
+                                         max_new_tokens=a.max_completion_length, temperature=a.temperature,
+                                         seed=a.seed))  # fmt: skip
     trainer = SERAGRPOTrainer(
         model=model, reward_funcs=math_verify, args=args, train_dataset=dataset(problems),
-        eval_dataset=dataset(heldout) if heldout else None, processing_class=tokenizer,
+        eval_dataset=dataset(heldout) if heldout else None, processing_class=tokenizer, callbacks=callbacks,
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer

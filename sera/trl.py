@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
+import transformers
 import trl
 from accelerate.utils import gather, gather_object
 from trl import GRPOConfig, GRPOTrainer
@@ -458,6 +459,57 @@ class SERAGRPOTrainer(GRPOTrainer):
 
 
 HISTORY_FILE = "sera_history.npz"
+
+
+class RecordsCallback(transformers.TrainerCallback):
+    """Per-question evaluation records in the suite's format, written by a TRL run: at every `every`-th step and at
+    the last one, each of `task`'s evaluation sets is sampled `samples` times a question with the suite's own
+    evaluation (sera.lm_loop.evaluate: the unbiased Pass@K and a record {ids, n, correct} a set), and the record goes
+    to out_dir/eval_step<N>_<set>.json, the file the suite's tables bootstrap over; the Pass@K go to TRL's log.
+
+    `task` has eval_sets() {name: (ids, token lists)}, rewards(ids, responses, truncated), eos_id and pad_id (the
+    math study's MathTask has them). Generation is the suite's HFEngine on the policy being trained, every process
+    taking its share of the questions (DDP); under ZeRO-3 or FSDP the policy's parameters are sharded and this
+    callback is refused, and vLLM is not used for it (both open: docs/paper-scale.md).
+    """
+
+    def __init__(self, out_dir, task, *, every: int, samples: int, ks, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0, max_rollouts_per_call: int = 1024):  # fmt: skip
+        from pathlib import Path
+        from types import SimpleNamespace
+
+        if every < 1 or samples < 1:
+            raise ValueError(f"RecordsCallback needs every >= 1 and samples >= 1, got {every}, {samples}")
+        self.out_dir, self.task, self.every, self.seed = Path(out_dir), task, every, seed
+        self.settings = SimpleNamespace(
+            eval_samples=samples, eval_ks=tuple(int(k) for k in ks), eval_temperature=temperature, eval_top_p=top_p,
+            eval_max_rollouts_per_call=max_rollouts_per_call, max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+        self.written: list[int] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        if step % self.every and step != state.max_steps:
+            return
+        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+            raise ValueError("RecordsCallback generates with the whole policy on each process: not under ZeRO-3/FSDP")
+        from sera.lm_loop import evaluate
+        from sera.rollout import HFEngine
+        from sera.runlog import eval_record_file
+
+        engine = HFEngine(model, self.task.eos_id, self.task.pad_id)
+        was_training = model.training
+        model.eval()
+        metrics, records = evaluate(self.settings, self.task, engine, torch.Generator().manual_seed(self.seed + step))
+        model.train(was_training)
+        if state.is_world_process_zero:
+            import json
+
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            for name, record in records.items():
+                (self.out_dir / eval_record_file(step, name)).write_text(json.dumps(record))
+            self.written.append(step)
+            state.log_history.append({"step": step, **metrics})
 
 
 def activation_checkpointing(on: bool) -> dict:

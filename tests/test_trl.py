@@ -274,6 +274,30 @@ def test_launch_script_runs_on_the_cpu(tmp_path, capsys):
     assert [log["step"] for log in evaluations] == [1, 2]  # step 1's evaluation was logged before the checkpoint
 
 
+@pytest.mark.slow
+def test_launch_script_writes_the_suites_per_question_records(tmp_path):
+    """--records: the held-out problems sampled --record-samples times each at every --eval-every steps and the
+    last, written in the suite's record format (ids, n, correct), with TRL's log holding the same Pass@1."""
+    import json
+
+    from examples.trl_math import main
+    from sera.runlog import eval_record_file
+
+    records = tmp_path / "records"
+    trainer = main(["--model", "tiny-math-smoke", "--template", "plain", "--train", "chain_sum", "--prompts", "2",
+                    "--n0", "8", "--method", "maxrl", "--max-completion-length", "16", "--cpu", "--steps", "2",
+                    "--eval-problems", "4", "--eval-every", "1", "--records", str(records), "--record-samples", "8",
+                    "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    for step in (1, 2):
+        record = json.loads((records / eval_record_file(step, "heldout")).read_text())
+        assert record["n"] == 8 and len(record["ids"]) == len(record["correct"]) == 4
+        assert all(0 <= c <= 8 for c in record["correct"])
+        (logged,) = [
+            log for log in trainer.state.log_history if log.get("step") == step and "eval/heldout/pass@1" in log
+        ]
+        assert logged["eval/heldout/pass@1"] == pytest.approx(sum(record["correct"]) / 32)
+
+
 @pytest.mark.parametrize("estimator, calls_per_step", [("history", 1), ("pilot", 2)])
 def test_generation_rounds_per_step(tmp_path, monkeypatch, estimator, calls_per_step):
     """With the historical p_hat a step generates once (the allocation comes from the steps before); with pilots it
