@@ -469,7 +469,7 @@ class RecordsCallback(transformers.TrainerCallback):
 
     `task` has eval_sets() {name: (ids, token lists)}, rewards(ids, responses, truncated), eos_id and pad_id (the
     math study's MathTask has them). Generation is the suite's HFEngine on the policy being trained, every process
-    taking its share of the questions (DDP); under DeepSpeed or FSDP (where ZeRO-3 and FSDP shard the parameters) this
+    taking its share of the questions (DDP); under DeepSpeed or FSDP (ZeRO-3 and FSDP shard the parameters) this
     callback is refused, and vLLM is not used for it (both open: docs/paper-scale.md).
     """
 
@@ -492,7 +492,9 @@ class RecordsCallback(transformers.TrainerCallback):
         if step % self.every and step != state.max_steps:
             return
         if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
-            raise ValueError("RecordsCallback generates with the whole policy on each process: not under DeepSpeed or FSDP")
+            raise ValueError(
+                "RecordsCallback generates with the whole policy on each process: not under DeepSpeed or FSDP"
+            )
         from sera.lm_loop import evaluate
         from sera.rollout import HFEngine
         from sera.runlog import eval_record_file
