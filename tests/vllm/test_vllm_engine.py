@@ -119,3 +119,38 @@ def test_sync_weights_after_an_optimizer_step(engine_and_model):
     engine.sync_weights(model)
     fresh = engine.generate(PROMPTS, [4, 4, 4], 8, torch.Generator().manual_seed(3))
     assert_logprobs_match(fresh, model)
+
+
+def test_release_stops_the_engine_so_a_sweeps_next_job_starts_clean(tmp_path):
+    """A sweep runs its jobs in one process: sera.lm_loop.release, which every RL run calls when it ends, stops the
+    engine's process, and a next engine in the same process starts and generates."""
+    import time
+
+    import psutil
+
+    from sera.lm_loop import release
+
+    path = tmp_path / "tiny-llama"
+    tiny_model().save_pretrained(path)
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    engine = VLLMEngine(str(path), EOS, PAD, **({} if current_platform.is_cpu() else {"dtype": "float32"}))
+    # vLLM's engine core and workers (multiprocessing's resource tracker, which lives as long as this process, aside)
+    started = {c.pid for c in me.children(recursive=True) if c.name().startswith("VLLM::")} - before
+    assert started, "vLLM started no engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0?)"
+    release(engine)
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.time() + 60
+    while any(alive(pid) for pid in started) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(pid) for pid in started)
+    second = VLLMEngine(str(path), EOS, PAD, **({} if current_platform.is_cpu() else {"dtype": "float32"}))
+    out = second.generate(PROMPTS, [2, 1, 1], 4, torch.Generator().manual_seed(0))
+    assert out.tokens.shape[0] == 4
+    release(second)
