@@ -121,15 +121,17 @@ def test_sync_weights_after_an_optimizer_step(engine_and_model):
     assert_logprobs_match(fresh, model)
 
 
-def test_release_stops_the_engine_so_a_sweeps_next_job_starts_clean(tmp_path):
+def test_release_stops_the_engine_so_a_sweeps_next_job_starts_clean(tmp_path, monkeypatch):
     """A sweep runs its jobs in one process: sera.lm_loop.release, which every RL run calls when it ends, stops the
-    engine's process, and a next engine in the same process starts and generates."""
+    engine's process, and a next engine in the same process starts and generates. The engine core runs in a process
+    of its own here (TRL's colocate mode, tested earlier in the session, turns that off for its engines)."""
     import time
 
     import psutil
 
     from sera.lm_loop import release
 
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     path = tmp_path / "tiny-llama"
     tiny_model().save_pretrained(path)
     me = psutil.Process()
