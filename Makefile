@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-gpu-dry-run test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
+.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -249,6 +249,19 @@ endif
 # R1 and R2's seeds 1 and 2 (results/cpu/PREREGISTRATION.md, amendment 1): the archive holds those seeds' base models
 # as records only, so each seed's base model is trained again, with every run those rows pair at that seed, in a folder
 # of their own (runs/retrained, archived as results/runs/retrained/). The main grids' runs of those seeds never enter.
+# The math recipes through SERA inside TRL (examples/trl_math.py --from-config): one accelerate launch a method and seed,
+# GPUS processes (CPU processes at SCALE=smoke), the suite's per-question records under runs/math-<scale>-trl/. The
+# records need the whole policy on every process (DDP); ACCELERATE_CONFIG= picks another accelerate config.
+GPUS_TRL ?= 8
+ACCELERATE_CONFIG ?=
+TRL_RUN = $(VENV)/bin/accelerate launch --num_processes $(GPUS_TRL) $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) \
+	$(if $(filter smoke,$(SCALE)),--cpu) -m examples.trl_math --from-config scale=$(MATH_SCALE)
+reproduce-math-trl: install ## math through SERA inside TRL on GPUs: SCALE=paper MODEL=... MATH_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check)
+	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
+	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MATH_SEEDS)) | tr ',' ' '); do \
+		$(TRL_RUN) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) --records runs/math-$(SCALE)-trl/$${m}_seed-$$s \
+			--output-dir runs/math-$(SCALE)-trl/$${m}_seed-$$s/trainer || exit 1; done; done
+
 RETRAINED_SEEDS ?= 1,2
 RETRAINED = $(call LEVEL,retrained/$(1)-cpu) $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained \
 	run.if_finished=$(IF_FINISHED) threads=1 $(LAUNCH)

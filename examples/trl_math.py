@@ -99,9 +99,51 @@ def load(a) -> tuple:
     return a.model, None, problems, heldout
 
 
+def from_config(overrides: list[str]) -> list[str]:
+    """This script's arguments for a math study config (`configs/math.yaml` with Hydra overrides, e.g.
+    scale=math/paper_qwen25math method=sera seed=0): the model, template, data, n0, B, the learning rate, gradient
+    clip, response limit, temperature, steps and evaluation the config sets, so that `make reproduce-math SCALE=paper`
+    runs the recipe through TRL. Settings TRL keeps its own way (the optimizer's betas, warm-up) are GRPOConfig's."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from experiments.math.model import PRETRAINED
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = compose(config_name="math", overrides=overrides)
+    model, data = cfg.model, cfg.data
+    name = model.path or (PRETRAINED[model.name].hub if model.name in PRETRAINED else model.name)
+    args = ["--model", str(name), "--template", cfg.template, "--method", cfg.method.name, "--n0", str(cfg.n0),
+            "--prompts", str(cfg.train.batch_size), "--lr", str(cfg.optim.lr), "--grad-clip", str(cfg.optim.grad_clip),
+            "--max-completion-length", str(cfg.max_new_tokens), "--temperature", str(cfg.temperature),
+            "--steps", str(cfg.train.steps), "--seed", str(cfg.seed), "--eval-every", str(cfg.eval.every),
+            "--loss-type", {"token-mean": "dapo", "seqnorm": "dr_grpo"}[cfg.method.aggregation]]  # fmt: skip
+    if data.family is not None:
+        args += ["--train", data.family, "--num-train", str(data.num_train), "--eval-problems", str(data.num_heldout)]
+    else:
+        (eval_set, *others) = list(data.eval.values())
+        if others:
+            print(f"evaluating the first evaluation set only ({eval_set}); TRL takes one held-out set")
+        args += ["--train", str(data.train), "--eval", str(eval_set)]
+        args += ["--eval-problems", str(data.eval_limit or 500)]
+    if cfg.get("engine") == "vllm":
+        args += ["--vllm", "colocate"]
+    if model.dtype == "bfloat16":
+        args += ["--bf16"]
+    return args
+
+
 def main(argv=None) -> SERAGRPOTrainer:
     from datasets import Dataset
 
+    argv = list(argv) if argv is not None else None
+    if argv is not None and "--from-config" in argv:  # the rest: config overrides, then this script's own flags
+        at = argv.index("--from-config")
+        rest = argv[at + 1 :]
+        own = next((i for i, x in enumerate(rest) if x.startswith("--")), len(rest))
+        argv = argv[:at] + from_config(rest[:own]) + rest[own:]
     a = arguments(argv)
     processes = int(os.environ.get("WORLD_SIZE", 1))
     rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
@@ -175,4 +217,6 @@ def evaluation(a, heldout: list) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -365,3 +365,18 @@ def test_the_authors_rule_reads_the_beta_history_by_epoch_and_resumes(tmp_path):
     assert int(saved["generations"]) == 3 and int(saved["epoch"]) == 1
     (resumed,) = train(resume=str(tmp_path / "checkpoint-3"))
     check_epoch_one(*resumed)
+
+
+@pytest.mark.slow
+def test_launch_script_takes_a_study_config(tmp_path):
+    """--from-config: the math study's config (here its smoke scale) becomes the script's arguments (model, template,
+    data, n0, B, learning rate, clip, response limit, steps, evaluation), later flags winning; one CPU step runs."""
+    from examples.trl_math import from_config, main
+
+    args = from_config(["scale=math/smoke", "method=sera_pilot", "seed=3"])
+    assert args[args.index("--prompts") + 1] == "3" and args[args.index("--n0") + 1] == "16"
+    assert args[args.index("--method") + 1] == "sera_pilot" and args[args.index("--seed") + 1] == "3"
+    assert args[args.index("--train") + 1] == "chain_sum" and args[args.index("--loss-type") + 1] == "dapo"
+    trainer = main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--steps", "1",
+                    "--output-dir", str(tmp_path)])  # fmt: skip
+    assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 3 * 16
