@@ -206,7 +206,7 @@ MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun ru
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, 18 min a run measured two side by side, 49 with tests sharing the cores)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, one seed at a time (MAZE_SEEDS=s): 32 min a seed, base model and both runs side by side, with other work on the machine)
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE),$(call seeds,$(MAZE_SEEDS)))
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
