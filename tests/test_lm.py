@@ -356,6 +356,21 @@ def test_shared_prompt_logprobs_give_the_steps_gradient(tmp_path):
         torch.testing.assert_close(shared, grad, atol=1e-6, rtol=1e-5)
 
 
+def mixed_precision_step(model) -> tuple[list[torch.Tensor], float]:
+    """One RL step of the toy task with model.dtype=bfloat16 and AdamW at a paper learning rate (1e-6): the weights
+    before it, and the share of the weights with a gradient that it moved (tests/gpu runs it on a CUDA model)."""
+    from sera.lm_loop import rl_step
+
+    cfg = loop_cfg("maxrl", "none", 0)
+    cfg.model = {"dtype": "bfloat16"}
+    ms, ls = settings(cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    rl_step(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(3), 0)
+    moved = [(~torch.eq(a, p.detach()))[p.grad != 0] for a, p in zip(before, model.parameters(), strict=True)]
+    return before, float(torch.cat(moved).float().mean())
+
+
 def test_bfloat16_trains_float32_master_weights_with_the_loss_in_autocast():
     """model.dtype=bfloat16: the loss's forward runs in bf16 autocast, the gradient is within bf16 rounding of the
     float32 loss's, the weights stay float32, and an AdamW step at a paper learning rate (1e-6) moves every weight
@@ -376,12 +391,9 @@ def test_bfloat16_trains_float32_master_weights_with_the_loss_in_autocast():
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
 
     model = tiny_model()
-    before = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
-    rl_step(ms, ls, ToyTask(), model, HFEngine(model, EOS, PAD), opt, None, torch.Generator().manual_seed(3), 0)
-    moved = [(~torch.eq(a, p.detach()))[p.grad != 0] for a, p in zip(before, model.parameters(), strict=True)]
+    before, moved = mixed_precision_step(model)
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert torch.cat(moved).float().mean() > 0.99
+    assert moved > 0.99
     bf16 = [a.to(torch.bfloat16) for a in before]  # the same update on bf16 weights is lost to rounding
     kept = [torch.eq(b, (p.detach()).to(torch.bfloat16)) for b, p in zip(bf16, model.parameters(), strict=True)]
     assert torch.cat([k.reshape(-1) for k in kept]).float().mean() > 0.9
