@@ -357,9 +357,10 @@ def rl_step(
 def loss_logprobs(ls: LoopSettings, model, prompts, rollouts: Rollouts, pad_id: int) -> torch.Tensor:
     """The rollouts' log-probs (N, T) for the loss, with gradients, by the path ls.logprobs names (equal up to float
     rounding; shared-prompt is the faster, in length buckets)."""
-    if ls.logprobs == "shared-prompt":
-        return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature, chunk=ls.logprob_chunk)
-    return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature, chunk=ls.logprob_chunk)
+    with autocast(ls, next(model.parameters()).device):  # model.dtype=bfloat16: the forward in bf16 autocast
+        if ls.logprobs == "shared-prompt":
+            return shared_prompt_logprobs(model, prompts, rollouts, pad_id, ls.temperature, chunk=ls.logprob_chunk)
+        return response_logprobs(model, prompts, rollouts, pad_id, ls.temperature, chunk=ls.logprob_chunk)
 
 
 def autocast(ls: LoopSettings, device: torch.device):
@@ -399,15 +400,12 @@ def backward_in_micro_batches(
     for chunk in chunks:
         if chunk is None:  # a zero-weight pass over this rank's first rollout: the collectives match, nothing is added
             sub = rollouts.select(torch.zeros(1, dtype=torch.long))
-            with autocast(ls, device):
-                logp = loss_logprobs(ls, model, prompts, sub, pad_id)
-            (logp.sum() * 0.0).backward()
+            (loss_logprobs(ls, model, prompts, sub, pad_id).sum() * 0.0).backward()
             continue
         sub = rollouts.select(chunk)
         if ls.trim_responses:
             sub = sub.trimmed()
-        with autocast(ls, device):
-            logp = loss_logprobs(ls, model, prompts, sub, pad_id)
+        logp = loss_logprobs(ls, model, prompts, sub, pad_id)
         loss = pg_loss(
             logp,
             sub.mask.to(device),
