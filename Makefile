@@ -231,36 +231,45 @@ MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 # a variable, not a literal: a comma inside $(if ...) would end its then-part (PKPO skipped, or run as a command)
 MATH_BASELINES := grpo,pkpo
 
-reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= SERA= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h; C6: SERA=sera MATH_SEEDS=5-24 AGGREGATIONS=token-mean BASELINES=, ~45 min a run with its base model, two side by side)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= SERA= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h; C6: SERA=sera MATH_SEEDS=5-24 AGGREGATIONS=token-mean BASELINES=, ~45 min a run with its base model, two side by side; SCALE=paper: reproduce-math-trl)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
+ifeq ($(SCALE),paper)
+	$(MAKE) reproduce-math-trl
+else
 	$(ARCHIVE) restore --folder math-$(SCALE)
 	$(call BASES,$(MATH) scale=$(MATH_SCALE),$(call seeds,$(MATH_SEEDS)))
-ifeq ($(filter paper,$(SCALE))$(filter-out smollm2-360m-instruct,$(MODEL)),paper$(MODEL))
-	$(MATH) scale=$(MATH_SCALE) method=maxrl,$(SERA) seed=$(call seeds,$(MATH_SEEDS))
-else
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=$(MATH_BASELINES) seed=$(call seeds,$(MATH_SEEDS)))
 	$(if $(BASELINES),$(MATH) scale=$(MATH_SCALE) method=dars_hw $(MATH_DARS_CAP) seed=$(call seeds,$(MATH_SEEDS)))
 	$(MATH) scale=$(MATH_SCALE) method=maxrl,$(SERA) method.aggregation=$(AGGREGATIONS) seed=$(call seeds,$(MATH_SEEDS))
-endif
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
 	$(COMPARE) math-$(SCALE)
+endif
 
 # R1 and R2's seeds 1 and 2 (results/cpu/PREREGISTRATION.md, amendment 1): the archive holds those seeds' base models
 # as records only, so each seed's base model is trained again, with every run those rows pair at that seed, in a folder
 # of their own (runs/retrained, archived as results/runs/retrained/). The main grids' runs of those seeds never enter.
-# The math recipes through SERA inside TRL (examples/trl_math.py --from-config): one accelerate launch a method and seed,
-# GPUS processes (CPU processes at SCALE=smoke), the suite's per-question records under runs/math-<scale>-trl/. The
-# records need the whole policy on every process (DDP); ACCELERATE_CONFIG= picks another accelerate config.
+# The math recipes through SERA inside TRL (examples/trl_math.py --from-config ... --run-dir auto), what SCALE=paper
+# runs: each seed's base model evaluated by the suite's loop on one process, then one accelerate launch a method and
+# seed over GPUS_TRL processes (CPU processes at SCALE=smoke; .venv-gpu, make install-gpu, at SCALE=paper), each written as the suite's run folder beside its base
+# (runs/math-<scale>/<model>/<run>_trl: config, metrics, records, DONE), which the tables read. MaxRL and SERA only
+# (token-mean): GRPO, PKPO and DARS-HW have no TRL path here. ACCELERATE_CONFIG= picks an accelerate config (DeepSpeed
+# ZeRO-3 or FSDP for the larger models: docs/paper-scale.md).
 GPUS_TRL ?= 8
 ACCELERATE_CONFIG ?=
-TRL_RUN = $(VENV)/bin/accelerate launch --num_processes $(GPUS_TRL) $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) \
+TRL_BIN = $(if $(filter paper,$(SCALE)),$(GPU_VENV),$(VENV))/bin
+TRL_RUN = $(TRL_BIN)/accelerate launch --num_processes $(GPUS_TRL) $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) \
 	$(if $(filter smoke,$(SCALE)),--cpu) -m examples.trl_math --from-config scale=$(MATH_SCALE)
-reproduce-math-trl: install ## math through SERA inside TRL on GPUs: SCALE=paper MODEL=... MATH_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check)
+reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper runs): SCALE=paper MODEL=... MATH_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check, about 1 min)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
+	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }
+	@echo "MaxRL and $(SERA) (token-mean) through TRL; GRPO, PKPO and DARS-HW have no TRL path and are not run"
+	$(ARCHIVE) restore --folder math-$(SCALE)
+	$(call LEVEL,math-$(SCALE)) $(TRL_BIN)/python -m experiments.math.train --multirun threads=1 scale=$(MATH_SCALE) method=maxrl run.base_only=true seed=$(call seeds,$(MATH_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MATH_SEEDS)) | tr ',' ' '); do \
-		$(TRL_RUN) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) --records runs/math-$(SCALE)-trl/$${m}_seed-$$s \
-			--output-dir runs/math-$(SCALE)-trl/$${m}_seed-$$s/trainer || exit 1; done; done
+		$(TRL_RUN) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) --run-dir auto || exit 1; done; done
+	$(ARCHIVE) save --folder math-$(SCALE)
+	$(PY) -m paper_figures.math --scale $(SCALE)
 
 RETRAINED_SEEDS ?= 1,2
 RETRAINED = $(call LEVEL,retrained/$(1)-cpu) $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained \

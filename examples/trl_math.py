@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 from experiments.math.data import load_dataset_spec
 from experiments.math.generated import FAMILIES, make_splits
@@ -47,6 +49,9 @@ def arguments(argv=None) -> argparse.Namespace:
         help="p_hat: beta (sera, the default) | pilot (sera_pilot's default) | history (sera_pilot)",
     )
     p.add_argument("--pilot-m", type=int, default=None, help="sera_pilot: pilots per prompt (default 8 with pilot)")
+    p.add_argument("--n-min", type=int, default=None, help="fewest rollouts of a prompt (SERAGRPOConfig's default)")
+    p.add_argument("--n-max", type=int, default=None, help="most rollouts of a prompt (SERAGRPOConfig's default)")
+    p.add_argument("--active-threshold", type=float, default=None, help="sera: the active set's threshold")
     p.add_argument("--n0", type=int, default=16, help="num_generations: rollouts per prompt on average")
     p.add_argument("--prompts", type=int, default=256, help="B prompts a step, over all processes")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches a step on each process")
@@ -60,7 +65,8 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default=os.path.join(tempfile.gettempdir(), "sera-trl-math"))
+    p.add_argument("--output-dir", default=None, help="TRL's checkpoints (default: <run folder>/trainer with "
+                   "--run-dir, else a temporary folder)")  # fmt: skip
     p.add_argument("--report-to", default="none", help="none, or TRL's integrations, comma-separated (e.g. wandb)")
     p.add_argument("--eval", default=None, help="held-out problems: registry slug or file (default: the --train "
                    "family's held-out pool, for a generated family)")  # fmt: skip
@@ -74,21 +80,41 @@ def arguments(argv=None) -> argparse.Namespace:
         "here (eval_step<N>_heldout.json) every --eval-every steps and at the end",
     )
     p.add_argument("--record-samples", type=int, default=64, help="samples a held-out question for the records")
+    p.add_argument("--record-ks", default=None, help="the K of the records' Pass@K, comma-separated (default: the "
+                   "powers of 2 up to --record-samples)")  # fmt: skip
+    p.add_argument("--eval-name", default="heldout", help="the held-out set's name in the records' file names")
+    p.add_argument("--eval-temperature", type=float, default=None, help="the records' sampling (default --temperature)")
+    p.add_argument("--eval-top-p", type=float, default=1.0, help="the records' nucleus sampling (1: off)")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="with --from-config: write the run as the suite's run folder here (config.yaml, metrics.jsonl, "
+        "base.json, per-question records, DONE), the folder the tables read; 'auto' = the one the study would use "
+        "(runs/<study>-<scale>/<model>/<run name>_trl); a finished run there is skipped",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     return p.parse_args(argv)
 
 
-def load(a) -> tuple:
-    """(model or hub id or path, tokenizer or None, training problems, held-out problems)."""
-    if a.train in FAMILIES:
+def load(a, suite=None) -> tuple:
+    """(model or hub id or path, tokenizer or None, training problems, held-out problems). `suite`: a SuiteRun, whose
+    problems (the study's own, so records pair with the base run's by question id) and base model are used."""
+    if suite is not None:
+        problems, heldout = suite.problems, suite.heldout
+    elif a.train in FAMILIES:
         problems, heldout = make_splits(a.train, a.num_train, a.eval_problems if a.eval is None else 0, a.seed)
     else:
         problems, heldout = load_dataset_spec(a.train), []  # FileNotFoundError naming file and hub dataset if missing
-    if a.eval is not None:
+    if suite is None and a.eval is not None:
         heldout = load_dataset_spec(a.eval)[: a.eval_problems]
-    elif a.eval_problems and a.train not in FAMILIES:
+    elif suite is None and a.eval_problems and a.train not in FAMILIES:
         raise ValueError("--eval-problems needs --eval (held-out problems) unless --train is a generated family")
     if a.model in FROM_SCRATCH:
+        if suite is not None:  # RL starts from the study's SFT base model, saved in its folder
+            from transformers import AutoModelForCausalLM
+
+            model, tokenizer = AutoModelForCausalLM.from_pretrained(suite.base), build_tokenizer()
+            return (str(suite.base) if a.vllm != "none" else model), tokenizer, problems, heldout
         model, tokenizer = build_from_scratch(a.model), build_tokenizer()
         if a.vllm != "none":  # vLLM loads the model by its path
             path = os.path.join(a.output_dir, "initial-model")
@@ -99,34 +125,53 @@ def load(a) -> tuple:
     return a.model, None, problems, heldout
 
 
-def from_config(overrides: list[str]) -> list[str]:
-    """This script's arguments for a math study config (`configs/math.yaml` with Hydra overrides, e.g.
-    scale=math/paper_qwen25math method=sera seed=0): the model, template, data, n0, B, the learning rate, gradient
-    clip, response limit, temperature, steps and evaluation the config sets, so that `make reproduce-math SCALE=paper`
-    runs the recipe through TRL. Settings TRL keeps its own way (the optimizer's betas, warm-up) are GRPOConfig's."""
+def compose(overrides: list[str]):
+    """The math study's config (`configs/math.yaml`) with Hydra overrides."""
     from pathlib import Path
 
-    from hydra import compose, initialize_config_dir
-
-    from experiments.math.model import PRETRAINED
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base=None):
-        cfg = compose(config_name="math", overrides=overrides)
+        return hydra_compose(config_name="math", overrides=list(overrides))
+
+
+def from_config(overrides: list[str]) -> list[str]:
+    """This script's arguments for a math study config (`configs/math.yaml` with Hydra overrides, e.g.
+    scale=math/paper_qwen25math method=sera seed=0): the model, template, data, n0, B, the method's allocation
+    settings, the learning rate, gradient clip, response limit, temperature, steps and evaluation (the records' samples,
+    K, temperature and top-p) the config sets, so that `make reproduce-math SCALE=paper` runs the recipe through TRL.
+    Settings TRL keeps its own way (the optimizer's betas, warm-up) are GRPOConfig's."""
+    from experiments.math.model import PRETRAINED
+    from experiments.math.train import family_set_name, validate
+
+    cfg = compose(overrides)
+    settings, loop = validate(cfg)
     model, data = cfg.model, cfg.data
     name = model.path or (PRETRAINED[model.name].hub if model.name in PRETRAINED else model.name)
     args = ["--model", str(name), "--template", cfg.template, "--method", cfg.method.name, "--n0", str(cfg.n0),
             "--prompts", str(cfg.train.batch_size), "--lr", str(cfg.optim.lr), "--grad-clip", str(cfg.optim.grad_clip),
             "--max-completion-length", str(cfg.max_new_tokens), "--temperature", str(cfg.temperature),
             "--steps", str(cfg.train.steps), "--seed", str(cfg.seed), "--eval-every", str(cfg.eval.every),
-            "--loss-type", {"token-mean": "dapo", "seqnorm": "dr_grpo"}[cfg.method.aggregation]]  # fmt: skip
+            "--save-every", str(cfg.run.checkpoint_every),
+            "--loss-type", {"token-mean": "dapo", "seqnorm": "dr_grpo"}[cfg.method.aggregation],
+            "--record-samples", str(loop.eval_samples), "--record-ks", ",".join(str(k) for k in loop.eval_ks),
+            "--eval-temperature", str(loop.eval_temperature), "--eval-top-p", str(loop.eval_top_p)]  # fmt: skip
+    if settings.sampler.unequal_counts:  # the allocation's settings as the study resolves them
+        args += ["--estimator", settings.estimator, "--n-min", str(settings.n_min), "--n-max", str(settings.n_max)]
+        if settings.estimator == "pilot":
+            args += ["--pilot-m", str(settings.pilot_m)]
+        if settings.threshold is not None:
+            args += ["--active-threshold", str(settings.threshold)]
     if data.family is not None:
         args += ["--train", data.family, "--num-train", str(data.num_train), "--eval-problems", str(data.num_heldout)]
+        args += ["--eval-name", family_set_name(data.family)]
     else:
-        (eval_set, *others) = list(data.eval.values())
+        (eval_name, *others) = list(data.eval)
         if others:
-            print(f"evaluating the first evaluation set only ({eval_set}); TRL takes one held-out set")
-        args += ["--train", str(data.train), "--eval", str(eval_set)]
+            print(f"evaluating the first evaluation set only ({eval_name}); TRL takes one held-out set")
+        args += ["--train", str(data.train), "--eval", str(data.eval[eval_name]), "--eval-name", str(eval_name)]
         args += ["--eval-problems", str(data.eval_limit or 500)]
     if cfg.get("engine") == "vllm":
         args += ["--vllm", "colocate"]
@@ -135,21 +180,79 @@ def from_config(overrides: list[str]) -> list[str]:
     return args
 
 
+@dataclass
+class SuiteRun:
+    """Where and as what a TRL run of a study config is written (RunFolderCallback): its folder, the config it
+    records, the base model run it starts from, and the study's own problems."""
+
+    path: Path
+    config: dict
+    base: Path
+    problems: list[dict]
+    heldout: list[dict]
+
+
+def suite_run(overrides: list[str], a: argparse.Namespace) -> SuiteRun:
+    """The suite's run folder of a study config run through TRL: under the study's root (runs/math-<scale>/<model>)
+    beside the base run it starts from, named as the study's own loop would name the run plus `_trl`; the config it
+    records is the study's, with trainer: trl and this script's arguments. The base run must be finished (make runs
+    it first: `python -m experiments.math.train run.base_only=true ...`)."""
+    from omegaconf import OmegaConf
+
+    from experiments.math.train import base_config, load_problems, validate
+    from sera.lm_study import base_path, run_name, study_root
+    from sera.runlog import DONE_FILE
+
+    cfg = compose(overrides)
+    settings, _ = validate(cfg)
+    default = OmegaConf.to_container(compose([o for o in overrides if o.split("=")[0] in ("scale", "method")]),
+                                     resolve=True)  # fmt: skip
+    root = study_root(cfg, cfg.model.name)
+    base = base_path(root, cfg, base_config, default)
+    path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
+    if not (base / DONE_FILE).exists():
+        raise FileNotFoundError(
+            f"{base} holds no finished base run; run it first: python -m experiments.math.train run.base_only=true "
+            f"{' '.join(overrides)} (make reproduce-math does)"
+        )
+    train, evals, _ = load_problems(cfg)
+    unrecorded = {"output_dir", "records", "resume", "run_dir", "report_to"}  # where it writes, not what it runs
+    script = {k: v for k, v in sorted(vars(a).items()) if k not in unrecorded}
+    config = {**OmegaConf.to_container(cfg, resolve=True), "trainer": "trl", "trl": script}
+    return SuiteRun(path, config, base, train, evals[a.eval_name])
+
+
 def main(argv=None) -> SERAGRPOTrainer:
     from datasets import Dataset
 
     argv = list(argv) if argv is not None else None
+    overrides = None
     if argv is not None and "--from-config" in argv:  # the rest: config overrides, then this script's own flags
         at = argv.index("--from-config")
         rest = argv[at + 1 :]
         own = next((i for i, x in enumerate(rest) if x.startswith("--")), len(rest))
-        argv = argv[:at] + from_config(rest[:own]) + rest[own:]
+        overrides = rest[:own]
+        argv = argv[:at] + from_config(overrides) + rest[own:]
     a = arguments(argv)
     processes = int(os.environ.get("WORLD_SIZE", 1))
     rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
     if rest:
         raise ValueError(f"B x n0 = {a.prompts} x {a.n0} rows must split evenly over {processes} x {a.grad_accum}")
-    model, tokenizer, problems, heldout = load(a)
+    suite = None
+    if a.run_dir is not None:
+        if overrides is None:
+            raise ValueError("--run-dir writes the run as a study config's: it needs --from-config")
+        suite = suite_run(overrides, a)
+        from sera.runlog import finished_summary
+
+        if finished_summary(suite.path, suite.config) is not None:
+            print(f"{suite.path} holds this finished run: skipped")
+            return None
+        a.records = str(suite.path)
+        a.output_dir = a.output_dir or str(suite.path / "trainer")
+        a.resume = a.resume or any(Path(a.output_dir).glob("checkpoint-*"))  # an interrupted run resumes
+    a.output_dir = a.output_dir or os.path.join(tempfile.gettempdir(), "sera-trl-math")
+    model, tokenizer, problems, heldout = load(a, suite)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
@@ -175,6 +278,7 @@ def main(argv=None) -> SERAGRPOTrainer:
 
     args = SERAGRPOConfig(
         output_dir=a.output_dir, method=a.method, estimator=a.estimator, pilot_m=a.pilot_m, num_generations=a.n0,
+        n_min=a.n_min, n_max=a.n_max, active_threshold=a.active_threshold,
         per_device_train_batch_size=rows, gradient_accumulation_steps=a.grad_accum, loss_type=a.loss_type,
         learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=a.grad_clip,
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
@@ -183,7 +287,14 @@ def main(argv=None) -> SERAGRPOTrainer:
         logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, heldout),
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
     )  # fmt: skip
-    callbacks = []
+    if suite is not None:
+        check_same_method(args.sera_settings(), suite.config)
+    callbacks, folder = [], None
+    if suite is not None:
+        from sera.trl import RunFolderCallback
+
+        folder = RunFolderCallback(suite.path, suite.config, suite.base)
+        callbacks.append(folder)
     if a.records:
         if not heldout:
             raise ValueError("--records needs held-out problems: --eval-problems (and --eval for a registry set)")
@@ -192,17 +303,36 @@ def main(argv=None) -> SERAGRPOTrainer:
 
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        task = MathTask(tokenizer, a.template, (problems, {"heldout": heldout}, []), a.prompts, a.seed, eos, pad)
-        ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= a.record_samples]
+        task = MathTask(tokenizer, a.template, (problems, {a.eval_name: heldout}, []), a.prompts, a.seed, eos, pad)
+        ks = [int(k) for k in a.record_ks.split(",")] if a.record_ks else [2**i for i in range(12)]
+        ks = [k for k in ks if k <= a.record_samples]
+        temperature = a.eval_temperature if a.eval_temperature is not None else a.temperature
         callbacks.append(RecordsCallback(a.records, task, every=a.eval_every, samples=a.record_samples, ks=ks,
-                                         max_new_tokens=a.max_completion_length, temperature=a.temperature,
-                                         seed=a.seed))  # fmt: skip
+                                         max_new_tokens=a.max_completion_length, temperature=temperature,
+                                         top_p=a.eval_top_p, seed=a.seed, folder=folder))  # fmt: skip
     trainer = SERAGRPOTrainer(
         model=model, reward_funcs=math_verify, args=args, train_dataset=dataset(problems),
         eval_dataset=dataset(heldout) if heldout else None, processing_class=tokenizer, callbacks=callbacks,
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer
+
+
+def check_same_method(trl_settings, config: dict) -> None:
+    """Refuse, before training, a TRL run whose allocation settings are not the ones the study config records."""
+    from omegaconf import OmegaConf
+
+    from experiments.math.train import STUDY
+    from sera.methods import MethodSettings
+
+    study = MethodSettings.from_config(OmegaConf.create(config), STUDY)
+    keys = ("n0", "estimator", "pilot_m", "n_min", "n_max", "p_lo", "p_hi", "delta", "multiplicity_correction",
+            "aggregation", "threshold")  # fmt: skip
+    differ = {
+        k: (getattr(study, k), getattr(trl_settings, k)) for k in keys if getattr(study, k) != getattr(trl_settings, k)
+    }
+    if differ:
+        raise ValueError(f"the TRL run would not run the config's method: (config, TRL) {differ}")
 
 
 def evaluation(a, heldout: list) -> dict:

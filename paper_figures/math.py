@@ -139,7 +139,9 @@ def model_runs(runs_root: Path, scale: str, model: str) -> tuple[list[Run], list
 
 def row_label(group, extra=""):
     run = group[0]
-    return tagged(method_label(run.get("method.name")), [run.get("method.aggregation"), extra, *status_tags(group)])
+    trainer = "TRL" if run.get("trainer") == "trl" else ""  # trained by SERA inside TRL (examples/trl_math.py)
+    tags = [run.get("method.aggregation"), trainer, extra, *status_tags(group)]
+    return tagged(method_label(run.get("method.name")), tags)
 
 
 def pct(pq: PerQuestion | None, ks: list[int]) -> list:

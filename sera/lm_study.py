@@ -56,10 +56,10 @@ def validate_lm(cfg, study: Study) -> tuple[MethodSettings, LoopSettings]:
 
 
 def resolve_device(cfg) -> str:
-    """'cuda' when asked for, or when auto finds one; else 'cpu'. On a GPU the run's memory plan (sera.plan) must fit
-    the device before any work starts."""
+    """'cuda' when asked for, or when auto finds one; else 'cpu'. On a GPU an RL run's memory plan (sera.plan) must
+    fit the device before any work starts (a base-only run evaluates, and trains no more than the SFT base)."""
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    if device == "cuda" and torch.cuda.is_available():
+    if device == "cuda" and torch.cuda.is_available() and not cfg.run.get("base_only", False):
         check_fits(cfg, 1, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9)
     return device
 
@@ -83,10 +83,11 @@ def run_name(cfg, settings: MethodSettings, default: dict | None = None) -> str:
     return identity.run_name(stem, cfg.seed, config, default, identity.LM_STEM_KEYS)
 
 
-def base_path(root: Path, cfg, base_config: Callable) -> Path:
+def base_path(root: Path, cfg, base_config: Callable, default: dict | None = None) -> Path:
     """root/base[_<settings that differ from the default's>]_seed-<s>: the folder of the base run that a config's RL
-    runs share; base_config(cfg) gives the base run's config (sera.identity.run_name names it)."""
-    default = identity.hydra_default()
+    runs share; base_config(cfg) gives the base run's config (sera.identity.run_name names it). `default`: the config
+    to compare with (None: the scale's and method's, from Hydra)."""
+    default = default if default is not None else identity.hydra_default()
     default_base = base_config(OmegaConf.create(default)) if default is not None else None
     return root / identity.run_name("base", cfg.seed, base_config(cfg), default_base)
 

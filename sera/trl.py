@@ -474,7 +474,7 @@ class RecordsCallback(transformers.TrainerCallback):
     """
 
     def __init__(self, out_dir, task, *, every: int, samples: int, ks, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, max_rollouts_per_call: int = 1024):  # fmt: skip
+                 top_p: float = 1.0, seed: int = 0, max_rollouts_per_call: int = 1024, folder=None):  # fmt: skip
         from pathlib import Path
         from types import SimpleNamespace
 
@@ -486,6 +486,7 @@ class RecordsCallback(transformers.TrainerCallback):
             eval_max_rollouts_per_call=max_rollouts_per_call, max_new_tokens=max_new_tokens,
         )  # fmt: skip
         self.written: list[int] = []
+        self.folder = folder  # a RunFolderCallback: the Pass@K also go to the run folder's metrics
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
@@ -512,6 +513,48 @@ class RecordsCallback(transformers.TrainerCallback):
                 (self.out_dir / eval_record_file(step, name)).write_text(json.dumps(record))
             self.written.append(step)
             state.log_history.append({"step": step, **metrics})
+            if self.folder is not None:
+                self.folder.log_evaluation(step, metrics)
+
+
+class RunFolderCallback(transformers.TrainerCallback):
+    """A TRL run as one of the suite's run folders (sera.runlog), the kind the tables read: config.yaml (the study
+    config the run follows, which says trainer: trl), base.json (the base model run it started from), metrics.jsonl
+    (TRL's logs, and the Pass@K of the RecordsCallback given this folder, which writes its per-question records
+    here too), and DONE with the last evaluation when training ends. The main process writes; the others do nothing.
+    A run resumed from a TRL checkpoint drops the metrics logged after that checkpoint's step; a folder holding a
+    finished run, or a run of another config, is refused (RunDir)."""
+
+    def __init__(self, path, config: dict, base=None):
+        from pathlib import Path
+
+        self.path, self.config, self.base = Path(path), config, base
+        self.run_dir = None
+        self.last_evaluation: dict = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from sera.runlog import RunDir, record_base
+
+        self.run_dir = RunDir(self.path, self.config)
+        if self.base is not None:
+            record_base(self.path, self.base)
+        self.run_dir.rewind(state.global_step)  # 0 on a fresh run; a resumed run redoes what came after its checkpoint
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.run_dir is not None and logs:
+            self.run_dir.log(state.global_step, logs)
+
+    def log_evaluation(self, step: int, metrics: dict) -> None:
+        self.last_evaluation = dict(metrics)
+        if self.run_dir is not None:
+            self.run_dir.log(step, metrics)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.run_dir is not None:
+            self.run_dir.finish({"step": state.global_step, **self.last_evaluation})
+            self.run_dir = None
 
 
 def activation_checkpointing(on: bool) -> dict:

@@ -175,3 +175,21 @@ def test_where_the_data_lives_is_no_part_of_a_runs_identity():
 
     config = {"seed": 0, "data": {"name": "imagenet", "root": "/data/a"}, "method": {"name": "maxrl"}}
     assert identity.differences(config, {**config, "data": {"name": "imagenet", "root": "/mnt/b"}}) == []
+
+
+def test_the_math_paper_scale_runs_through_trl_into_run_folders_the_tables_read():
+    """SCALE=paper: each seed's base model evaluated by the loop (one process), then one accelerate launch a method and
+    seed of examples.trl_math on the recipe's config, written as the suite's run folder (--run-dir auto), in the GPU
+    environment; then the archive and the tables. No GRPO/PKPO/DARS-HW (no TRL path), and it says so."""
+    lines = dry_run("reproduce-math", "SCALE=paper", "MODEL=qwen2.5-math-1.5b", "MATH_SEEDS=0,1")
+    assert trained(lines, "math") == [("maxrl", "0,1")]
+    (base,) = [line for line in lines if "experiments.math.train" in line]
+    assert ".venv-gpu/bin/python -m experiments.math.train" in base
+    (launch,) = [line for line in lines if "accelerate launch" in line]
+    assert launch.strip().startswith(".venv-gpu/bin/accelerate launch --num_processes 8")
+    assert "-m examples.trl_math --from-config scale=math/paper_qwen25math method=$m seed=$s" in launch
+    assert "--run-dir auto" in launch and "--cpu" not in launch
+    assert any("for m in maxrl sera; do for s in $(echo 0,1" in line for line in lines)
+    assert any("have no TRL path and are not run" in line for line in lines)
+    assert lines[-2:] == [f"{sys.executable} -m paper_figures.archive save --folder math-paper",
+                          f"{sys.executable} -m paper_figures.math --scale paper"]  # fmt: skip

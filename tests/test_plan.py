@@ -59,3 +59,18 @@ def test_the_cpu_models_have_nothing_to_plan_and_the_command_says_whether_it_fit
     done = subprocess.run([sys.executable, "-m", "sera.plan", "math", "scale=math/paper_qwen3", "--gpus", "8"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "does NOT fit" in done.stdout and "qwen3-4b-base" in done.stdout
+
+
+def test_a_gpu_refuses_an_rl_run_that_cannot_fit_but_evaluates_its_base(monkeypatch):
+    """resolve_device on a (pretended) 80 GB GPU: the paper config's RL run is refused before any work; its base-only
+    run (the base model's evaluation, which `make reproduce-math SCALE=paper` runs on one GPU) is not planned."""
+    import torch
+
+    from sera.lm_study import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80e9})())
+    with pytest.raises(ValueError, match="needs about .* GB a GPU and the GPU has 80 GB"):
+        resolve_device(config("math", "scale=math/paper"))
+    assert resolve_device(config("math", "scale=math/paper", "run.base_only=true")) == "cuda"

@@ -380,3 +380,62 @@ def test_launch_script_takes_a_study_config(tmp_path):
     trainer = main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--steps", "1",
                     "--output-dir", str(tmp_path)])  # fmt: skip
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 3 * 16
+
+
+@pytest.mark.slow
+def test_a_study_config_through_trl_is_a_run_folder_the_tables_read(tmp_path, capsys):
+    """--from-config ... --run-dir auto (what `make reproduce-math SCALE=paper` launches): the TRL run starts from the
+    study's base run and writes the suite's run folder beside it (config with trainer: trl, base.json, metrics,
+    per-question records on the base's questions, DONE); the math tables read it as a TRL row; a finished run is
+    skipped, an interrupted one resumes from TRL's checkpoint, and a TRL setting that is not the config's is refused."""
+    import json
+
+    import yaml
+
+    from examples.trl_math import compose, main
+    from experiments.math.train import run
+    from paper_figures.math import main as tables
+    from sera.runlog import BASE_FILE, DONE_FILE, METRICS_FILE, base_identity, eval_record_file
+
+    study = ["scale=math/smoke", f"run.root={tmp_path}", "threads=1"]
+    launch = ["--cpu"]
+    with pytest.raises(FileNotFoundError, match="holds no finished base run; run it first"):
+        main(["--from-config", *study, "method=maxrl", *launch, "--run-dir", "auto"])
+    run(compose([*study, "method=maxrl", "run.base_only=true"]))
+    root = tmp_path / "math-smoke" / "tiny-math-smoke"
+    base = root / "base_seed-0"
+    with pytest.raises(ValueError, match=r"would not run the config's method: \(config, TRL\) \{'n_max': \(64, 40\)"):
+        main(["--from-config", *study, "method=sera", *launch, "--run-dir", "auto", "--n-max", "40"])
+    for method, folder in [("maxrl", "maxrl-token-mean_n0-16_seed-0_trl"),
+                           ("sera", "sera_authors-beta-token-mean_n0-16_seed-0_trl")]:  # fmt: skip
+        trainer = main(["--from-config", *study, f"method={method}", *launch, "--run-dir", "auto"])
+        path = root / folder
+        assert trainer.state.global_step == 4 and (path / DONE_FILE).exists()
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        assert config["trainer"] == "trl" and config["method"]["name"] == method and config["trl"]["n0"] == 16
+        assert json.loads((path / BASE_FILE).read_text()) == base_identity(base)
+        base_record = json.loads((base / eval_record_file(3, "chain-sum")).read_text())
+        for step in (2, 4):
+            record = json.loads((path / eval_record_file(step, "chain-sum")).read_text())
+            assert record["ids"] == base_record["ids"] and record["n"] == 8
+        logged = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines()]
+        evaluations = [r for r in logged if "eval/chain-sum/pass@1" in r]
+        assert [r["step"] for r in evaluations] == [2, 4]
+        assert (
+            json.loads((path / DONE_FILE).read_text())["eval/chain-sum/pass@8"]
+            == evaluations[-1]["eval/chain-sum/pass@8"]
+        )
+    assert main(["--from-config", *study, "method=maxrl", *launch, "--run-dir", "auto"]) is None
+    assert "holds this finished run: skipped" in capsys.readouterr().out
+    tables(["--scale", "smoke", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
+    table = (tmp_path / "out" / "math-smoke" / "table1.md").read_text()
+    for label in ("MaxRL (token-mean, TRL)", "SERA (token-mean, TRL)"):
+        assert f"| {label} | reproduced | 1 | 4 |" in table
+    # an interrupted run (no DONE, a line logged after its last checkpoint) resumes from TRL's checkpoint-4
+    path = root / "maxrl-token-mean_n0-16_seed-0_trl"
+    (path / DONE_FILE).unlink()
+    with (path / METRICS_FILE).open("a") as f:
+        f.write(json.dumps({"step": 5, "loss": 0.0}) + "\n")
+    trainer = main(["--from-config", *study, "method=maxrl", *launch, "--run-dir", "auto"])
+    assert trainer.state.global_step == 4 and (path / DONE_FILE).exists()
+    assert max(json.loads(line)["step"] for line in (path / METRICS_FILE).read_text().splitlines()) == 4
