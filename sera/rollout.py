@@ -535,6 +535,14 @@ class VLLMEngine:
         )
         self.eos_id, self.pad_id, self.temperature, self.seed = eos_id, pad_id, temperature, seed
 
+    @classmethod
+    def around(cls, llm, eos_id: int | Sequence[int], pad_id: int, temperature: float = 1.0) -> VLLMEngine:
+        """An engine over a vLLM `LLM` that exists already (TRL's colocated one): `generate` only; syncing its
+        weights and closing it stay with its owner."""
+        engine = cls.__new__(cls)
+        engine.llm, engine.eos_id, engine.pad_id, engine.temperature, engine.seed = llm, eos_id, pad_id, temperature, 0
+        return engine
+
     def sync_weights(self, model) -> None:
         """Copy the training model's weights into the vLLM workers (called after every optimizer step)."""
         # a sharded (FSDP2) model's parameters are gathered first: a collective, every rank syncs its own engine

@@ -227,6 +227,9 @@ class SERAGRPOTrainer(GRPOTrainer):
         self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients, collection metrics)
         self._eval_rewards: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, RecordsCallback):
+                callback.trainer = self  # the records gather a sharded policy through the trainer (policy_engine)
         generation = getattr(self, "vllm_generation", None)
         if generation is not None and generation.mode == "colocate" and _vllm_on_cpu():
             generation.sync_weights = lambda: reload_colocated_weights(generation)
@@ -468,9 +471,10 @@ class RecordsCallback(transformers.TrainerCallback):
     to out_dir/eval_step<N>_<set>.json, the file the suite's tables bootstrap over; the Pass@K go to TRL's log.
 
     `task` has eval_sets() {name: (ids, token lists)}, rewards(ids, responses, truncated), eos_id and pad_id (the
-    math study's MathTask has them). Generation is the suite's HFEngine on the policy being trained, every process
-    taking its share of the questions (DDP); under DeepSpeed or FSDP (ZeRO-3 and FSDP shard the parameters) this
-    callback is refused, and vLLM is not used for it (both open: docs/paper-scale.md).
+    math study's MathTask has them). Every process samples its share of the questions from the policy as it stands
+    after the step (`policy_engine`): through TRL's colocated vLLM engine when the trainer has one, else with the
+    suite's HFEngine on the whole model, gathered under ZeRO-3 and copied whole under FSDP2. SERAGRPOTrainer binds
+    itself to this callback (`trainer`); without a trainer (another GRPOTrainer) DeepSpeed and FSDP are refused.
     """
 
     def __init__(self, out_dir, task, *, every: int, samples: int, ks, max_new_tokens: int, temperature: float = 1.0,
@@ -487,26 +491,28 @@ class RecordsCallback(transformers.TrainerCallback):
         )  # fmt: skip
         self.written: list[int] = []
         self.folder = folder  # a RunFolderCallback: the Pass@K also go to the run folder's metrics
+        self.trainer = None  # set by SERAGRPOTrainer
+        self.engines: list[str] = []  # the engine each evaluation sampled with (its class name)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
         if step % self.every and step != state.max_steps:
             return
-        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+        if self.trainer is None and (getattr(args, "deepspeed", None) or getattr(args, "fsdp", None)):
             raise ValueError(
-                "RecordsCallback generates with the whole policy on each process: not under DeepSpeed or FSDP"
+                "RecordsCallback samples the whole policy on each process: under DeepSpeed or FSDP it needs "
+                "SERAGRPOTrainer, which gathers the parameters first"
             )
         from sera.lm_loop import evaluate
-        from sera.rollout import HFEngine
-        from sera.runlog import eval_record_file
 
-        engine = HFEngine(model, self.task.eos_id, self.task.pad_id)
-        was_training = model.training
-        model.eval()
-        metrics, records = evaluate(self.settings, self.task, engine, torch.Generator().manual_seed(self.seed + step))
-        model.train(was_training)
+        generator = torch.Generator().manual_seed(self.seed + step)
+        with policy_engine(self.trainer, model, self.task) as engine:
+            metrics, records = evaluate(self.settings, self.task, engine, generator)
+            self.engines.append(type(engine).__name__)
         if state.is_world_process_zero:
             import json
+
+            from sera.runlog import eval_record_file
 
             self.out_dir.mkdir(parents=True, exist_ok=True)
             for name, record in records.items():
@@ -515,6 +521,74 @@ class RecordsCallback(transformers.TrainerCallback):
             state.log_history.append({"step": step, **metrics})
             if self.folder is not None:
                 self.folder.log_evaluation(step, metrics)
+
+
+@contextlib.contextmanager
+def policy_engine(trainer, model, task):
+    """An engine that samples the policy as it stands, whole on this process (every process calls it together):
+
+    - TRL's colocated vLLM engine, after syncing it the trainer's weights (TRL syncs before its next generation
+      anyway); one engine a process (vllm_tensor_parallel_size 1) and no sleep mode, else refused;
+    - under DeepSpeed ZeRO-3 the parameters gathered on every process for the evaluation (TRL's
+      unwrap_model_for_generation, as its own generation does);
+    - under FSDP2 a whole copy of the model built on each process from the full state dict (a collective), its
+      memory that of one unsharded model; FSDP1 is refused;
+    - else (one process, DDP, ZeRO-1/2) the unwrapped model itself.
+    Without a trainer: the model given, in eval mode."""
+    from sera.rollout import HFEngine, VLLMEngine
+
+    if trainer is None:
+        with _eval_mode(model):
+            yield HFEngine(model, task.eos_id, task.pad_id)
+        return
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is not None and generation.mode == "colocate":
+        if trainer.args.vllm_enable_sleep_mode or trainer.args.vllm_tensor_parallel_size != 1:
+            raise ValueError(
+                "the records sample TRL's colocated vLLM engine one process at a time: they need "
+                "vllm_enable_sleep_mode=False and vllm_tensor_parallel_size=1"
+            )
+        generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step  # TRL's own marker: these weights are loaded
+        yield VLLMEngine.around(generation.llm, task.eos_id, task.pad_id)
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    wrapped = trainer.model_wrapped
+    if isinstance(wrapped, FullyShardedDataParallel):
+        raise ValueError("the records need FSDP2 (fsdp_version: 2) or ZeRO-3 to gather a sharded policy, not FSDP1")
+    if any(isinstance(p, DTensor) for p in wrapped.parameters()):  # FSDP2
+        whole = whole_copy(trainer.accelerator.unwrap_model(wrapped))
+        try:
+            yield HFEngine(whole, task.eos_id, task.pad_id)
+        finally:
+            del whole
+        return
+    from trl.models import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(wrapped, trainer.accelerator) as unwrapped, _eval_mode(unwrapped):
+        yield HFEngine(unwrapped, task.eos_id, task.pad_id)
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def whole_copy(model) -> torch.nn.Module:
+    """An unsharded copy of an FSDP2-sharded Hugging Face model on this process, in eval mode: the full state dict
+    (every DTensor gathered: a collective, so every process calls it) loaded into a model built from its config."""
+    state = {k: getattr(v, "full_tensor", lambda v=v: v)().detach() for k, v in model.state_dict().items()}
+    first = next(iter(state.values()))
+    whole = transformers.AutoModelForCausalLM.from_config(model.config, dtype=first.dtype).to(first.device)
+    whole.load_state_dict(state)
+    return whole.eval()
 
 
 class RunFolderCallback(transformers.TrainerCallback):

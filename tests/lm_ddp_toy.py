@@ -3,6 +3,8 @@
     python -m tests.lm_ddp_toy step OUT [ddp|fsdp2]        two rl_steps; writes the final parameters and metrics
     python -m tests.lm_ddp_toy resume RUN_DIR [ddp|fsdp2] [CRASH_AT]   the whole loop (train) into a run directory,
                                                            every rank failing at step CRASH_AT when given
+    python -m tests.lm_ddp_toy records OUT fsdp2           sera.trl.policy_engine over an FSDP2-sharded model: the
+                                                           records' evaluation from a whole copy on each rank
 
 `step` runs in one process or several: the engine samples from a generator keyed by (prompt, engine call, index
 within the call), which every rank sees alike, so every layout draws the same rollouts and must take the same steps.
@@ -92,12 +94,37 @@ def resume(run_dir: str, parallel: str, crash_at: int | None) -> None:
         train(ms, ls, ToyTask(), model, engine, None)
 
 
+def records(out_path: str) -> None:
+    """TRL's records under FSDP2 (sera.trl.policy_engine): each rank samples its share of the questions from a whole
+    copy of the sharded policy, so the ranks need not run in lockstep (a sharded forward is a collective)."""
+    import json
+    from types import SimpleNamespace
+
+    from sera.trl import policy_engine
+
+    _, ls = settings("fsdp2")
+    model = tiny_model()
+    reference = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    shard_model(model)
+    trainer = SimpleNamespace(model_wrapped=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    task = ToyTask()
+    with policy_engine(trainer, None, task) as engine:
+        whole = engine.model
+        same = all(torch.equal(whole.state_dict()[k], v) for k, v in reference.items())
+        metrics, evaluated = loop.evaluate(ls, task, engine, torch.Generator().manual_seed(world_info()[0]))
+    if world_info()[0] == 0:
+        result = {"engine": type(engine).__name__, "copy": whole is not model, "same": same, "records": evaluated}
+        open(out_path, "w").write(json.dumps(result))
+
+
 if __name__ == "__main__":
     if "RANK" in __import__("os").environ:
         torch.distributed.init_process_group("gloo")
     mode, path, parallel = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "ddp"
     if mode == "step":
         step(path, parallel)
+    elif mode == "records":
+        records(path)
     else:
         resume(path, parallel, int(sys.argv[4]) if len(sys.argv) > 4 else None)
     if torch.distributed.is_initialized():

@@ -439,3 +439,22 @@ def test_a_study_config_through_trl_is_a_run_folder_the_tables_read(tmp_path, ca
     trainer = main(["--from-config", *study, "method=maxrl", *launch, "--run-dir", "auto"])
     assert trainer.state.global_step == 4 and (path / DONE_FILE).exists()
     assert max(json.loads(line)["step"] for line in (path / METRICS_FILE).read_text().splitlines()) == 4
+
+
+@pytest.mark.slow
+def test_records_sample_a_whole_copy_of_an_fsdp2_sharded_policy(tmp_path):
+    """sera.trl.policy_engine under FSDP2 (torchrun, gloo, two CPU processes): each rank evaluates its share of the
+    questions with a whole copy of the sharded model built from the gathered state (the same weights), not with the
+    sharded model, whose forward is a collective the other rank would not join; the records cover every question."""
+    import json
+    import subprocess
+
+    from tests.test_lm import ROOT, TORCHRUN, TOY_ENV
+
+    out = tmp_path / "records.json"
+    subprocess.run([*TORCHRUN, "records", str(out), "fsdp2"], env=TOY_ENV, cwd=ROOT, check=True, timeout=300,
+                   capture_output=True)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["engine"] == "HFEngine" and result["copy"] and result["same"]
+    assert result["records"]["pair"]["ids"] == [0, 1] and result["records"]["single"]["ids"] == [7]
+    assert all(0 <= c <= 8 for c in result["records"]["pair"]["correct"]) and result["records"]["pair"]["n"] == 8

@@ -151,6 +151,32 @@ def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
     trl_toy.check_step(r)
 
 
+@pytest.mark.parametrize("setup", ["zero3", "fsdp2"])
+def test_the_records_of_a_sharded_run_over_two_gpus(tmp_path, setup):
+    """examples/trl_math.py --records under ZeRO-3 and FSDP2 on two GPUs (sera.trl.policy_engine: the parameters
+    gathered, or the policy copied whole): every step's record covers every held-out question."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    if setup.startswith("zero"):
+        pytest.importorskip("deepspeed")
+    import json
+
+    config = tmp_path / f"{setup}.yaml"
+    config.write_text(SHARDED[setup] + "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n")
+    launch = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file", str(config)]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    records = tmp_path / "records"
+    done = subprocess.run([*launch, "-m", "examples.trl_math", "--model", "tiny-math", "--template", "plain",
+                           "--train", "chain_sum", "--prompts", "2", "--n0", "8", "--method", "sera",
+                           "--max-completion-length", "16", "--steps", "2", "--eval-problems", "4", "--eval-every", "1",
+                           "--records", str(records), "--record-samples", "8", "--output-dir", str(tmp_path / "out")],
+                          cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    for step in (1, 2):
+        record = json.loads((records / f"eval_step{step}_heldout.json").read_text())
+        assert record["n"] == 8 and len(record["ids"]) == len(record["correct"]) == 4
+
+
 @pytest.mark.parametrize("method", ["sera", "sera_pilot"])
 def test_trl_step_with_vllm_colocate_in_bf16(tmp_path, method):
     """SERAGRPOTrainer generating with vLLM in colocate mode on one GPU, in bf16 (the paper-scale route): the step's

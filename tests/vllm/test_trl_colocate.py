@@ -75,3 +75,23 @@ def test_weight_sync_after_an_optimizer_step(tmp_path):
     assert (fresh - untrained).abs().max() < BF16_ATOL
     assert (stale - trained).abs().max() > 10 * BF16_ATOL  # the step moved the weights away from vLLM's
     assert (synced - trained).abs().max() < BF16_ATOL
+
+
+def test_the_records_sample_the_colocated_vllm_after_a_weight_sync(tmp_path):
+    """examples/trl_math.py --vllm colocate --records: the per-question records are sampled by TRL's own colocated
+    vLLM engine (sera.trl.policy_engine syncs it the step's weights first), at every --eval-every step. The
+    model is the CPU default's size (vLLM's CPU attention has no kernel for the smoke model's head dimension 16)."""
+    from examples.trl_math import main
+    from sera.runlog import eval_record_file
+    from sera.trl import RecordsCallback
+
+    records = tmp_path / "records"
+    trainer = main(["--model", "tiny-math", "--template", "plain", "--train", "chain_sum", "--prompts", "2",
+                    "--n0", "8", "--method", "maxrl", "--max-completion-length", "16", "--cpu", "--steps", "2",
+                    "--eval-problems", "4", "--eval-every", "1", "--records", str(records), "--record-samples", "8",
+                    "--vllm", "colocate", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    (callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, RecordsCallback)]
+    assert callback.engines == ["VLLMEngine", "VLLMEngine"] and trainer._last_loaded_step == 2
+    for step in (1, 2):
+        record = json.loads((records / eval_record_file(step, "heldout")).read_text())
+        assert record["n"] == 8 and len(record["ids"]) == len(record["correct"]) == 4
