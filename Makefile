@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
+.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -200,13 +200,16 @@ AGGREGATIONS ?= token-mean,seqnorm
 BASELINES ?= 1
 # The SERA that a maze or math grid runs beside MaxRL: sera_pilot (the suite's first rule, claims C1-C4) or sera (the
 # authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool); the
-# paper scales run the authors' rule
-SERA ?= $(if $(filter paper,$(SCALE)),sera,sera_pilot)
+# paper scales and the TRL targets run the authors' rule
+SERA ?= $(if $(filter paper,$(SCALE))$(filter %-trl,$(MAKECMDGOALS)),sera,sera_pilot)
 MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, one seed at a time (MAZE_SEEDS=s): 32 min a seed, base model and both runs side by side, with other work on the machine)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, one seed at a time (MAZE_SEEDS=s): 32 min a seed, base model and both runs side by side, with other work on the machine; SCALE=paper: reproduce-maze-trl)
+ifeq ($(SCALE),paper)
+	$(MAKE) reproduce-maze-trl
+else
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE),$(call seeds,$(MAZE_SEEDS)))
 	$(if $(BASELINES),$(MAZE) scale=maze/$(SCALE) method=grpo method.aggregation=token-mean seed=$(call seeds,$(MAZE_SEEDS)))
@@ -214,6 +217,22 @@ reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASE
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
+endif
+
+# The maze through SERA inside TRL (examples/trl_maze.py), what SCALE=paper runs: each seed's base model trained (SFT)
+# and evaluated by the suite's loop on one process, then one accelerate launch a method and seed over GPUS_TRL
+# processes, written as runs/maze-<scale>/<run>_trl beside its base. TRL trains on a dataset, so the maze needs its
+# fixed pool (the paper config's 7,424 mazes; SCALE=smoke takes a pool of 6). MaxRL and SERA only (token-mean).
+MAZE_TRL_POOL = $(if $(filter smoke,$(SCALE)),task.pool_size=6 task.pool_order=epoch)
+reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=paper runs): SCALE=paper MAZE_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check, about 1 min)
+	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }
+	@echo "MaxRL and $(SERA) (token-mean) through TRL; GRPO has no TRL path and is not run"
+	$(ARCHIVE) restore --folder maze-$(SCALE)
+	$(call LEVEL,maze-$(SCALE)) $(TRL_BIN)/python -m experiments.maze.train --multirun threads=1 scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=maxrl run.base_only=true seed=$(call seeds,$(MAZE_SEEDS))
+	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MAZE_SEEDS)) | tr ',' ' '); do \
+		$(TRL_LAUNCH) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) || exit 1; done; done
+	$(ARCHIVE) save --folder maze-$(SCALE)
+	$(PY) -m paper_figures.maze --scale $(SCALE)
 
 MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
 	$(LAUNCH)
@@ -258,8 +277,9 @@ endif
 GPUS_TRL ?= 8
 ACCELERATE_CONFIG ?=
 TRL_BIN = $(if $(filter paper,$(SCALE)),$(GPU_VENV),$(VENV))/bin
-TRL_RUN = $(TRL_BIN)/accelerate launch --num_processes $(GPUS_TRL) $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) \
-	$(if $(filter smoke,$(SCALE)),--cpu) -m examples.trl_math --from-config scale=$(MATH_SCALE)
+TRL_LAUNCH = $(TRL_BIN)/accelerate launch --num_processes $(GPUS_TRL) $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) \
+	$(if $(filter smoke,$(SCALE)),--cpu)
+TRL_RUN = $(TRL_LAUNCH) -m examples.trl_math --from-config scale=$(MATH_SCALE)
 reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper runs): SCALE=paper MODEL=... MATH_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check, about 1 min)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }

@@ -125,16 +125,39 @@ def load(a, suite=None) -> tuple:
     return a.model, None, problems, heldout
 
 
-def compose(overrides: list[str]):
-    """The math study's config (`configs/math.yaml`) with Hydra overrides."""
-    from pathlib import Path
-
+def compose(overrides: list[str], study: str = "math"):
+    """A study's config (`configs/<study>.yaml`) with Hydra overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base=None):
-        return hydra_compose(config_name="math", overrides=list(overrides))
+        return hydra_compose(config_name=study, overrides=list(overrides))
+
+
+def study_default(overrides: list[str], study: str = "math") -> dict:
+    """The config a study's run names compare with: its scale and method, no other override (sera.identity)."""
+    from omegaconf import OmegaConf
+
+    chosen = [o for o in overrides if o.split("=")[0] in ("scale", "method")]
+    return OmegaConf.to_container(compose(chosen, study), resolve=True)
+
+
+def recorded_config(cfg, a: argparse.Namespace) -> dict:
+    """What a TRL run of a study config records: the study's config, trainer: trl, and this script's arguments (not
+    where it writes)."""
+    from omegaconf import OmegaConf
+
+    unrecorded = {"output_dir", "records", "resume", "run_dir", "report_to"}
+    script = {k: v for k, v in sorted(vars(a).items()) if k not in unrecorded}
+    return {**OmegaConf.to_container(cfg, resolve=True), "trainer": "trl", "trl": script}
+
+
+def require_base(base: Path, command: str) -> None:
+    from sera.runlog import DONE_FILE
+
+    if not (base / DONE_FILE).exists():
+        raise FileNotFoundError(f"{base} holds no finished base run; run it first: {command}")
 
 
 def from_config(overrides: list[str]) -> list[str]:
@@ -183,11 +206,12 @@ def from_config(overrides: list[str]) -> list[str]:
 @dataclass
 class SuiteRun:
     """Where and as what a TRL run of a study config is written (RunFolderCallback): its folder, the config it
-    records, the base model run it starts from, and the study's own problems."""
+    records, the base model run it starts from, the study's method settings and its own problems."""
 
     path: Path
     config: dict
     base: Path
+    settings: object
     problems: list[dict]
     heldout: list[dict]
 
@@ -197,29 +221,18 @@ def suite_run(overrides: list[str], a: argparse.Namespace) -> SuiteRun:
     beside the base run it starts from, named as the study's own loop would name the run plus `_trl`; the config it
     records is the study's, with trainer: trl and this script's arguments. The base run must be finished (make runs
     it first: `python -m experiments.math.train run.base_only=true ...`)."""
-    from omegaconf import OmegaConf
-
     from experiments.math.train import base_config, load_problems, validate
     from sera.lm_study import base_path, run_name, study_root
-    from sera.runlog import DONE_FILE
 
     cfg = compose(overrides)
     settings, _ = validate(cfg)
-    default = OmegaConf.to_container(compose([o for o in overrides if o.split("=")[0] in ("scale", "method")]),
-                                     resolve=True)  # fmt: skip
+    default = study_default(overrides)
     root = study_root(cfg, cfg.model.name)
     base = base_path(root, cfg, base_config, default)
     path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
-    if not (base / DONE_FILE).exists():
-        raise FileNotFoundError(
-            f"{base} holds no finished base run; run it first: python -m experiments.math.train run.base_only=true "
-            f"{' '.join(overrides)} (make reproduce-math does)"
-        )
+    require_base(base, f"python -m experiments.math.train run.base_only=true {' '.join(overrides)}")
     train, evals, _ = load_problems(cfg)
-    unrecorded = {"output_dir", "records", "resume", "run_dir", "report_to"}  # where it writes, not what it runs
-    script = {k: v for k, v in sorted(vars(a).items()) if k not in unrecorded}
-    config = {**OmegaConf.to_container(cfg, resolve=True), "trainer": "trl", "trl": script}
-    return SuiteRun(path, config, base, train, evals[a.eval_name])
+    return SuiteRun(path, recorded_config(cfg, a), base, settings, train, evals[a.eval_name])
 
 
 def main(argv=None) -> SERAGRPOTrainer:
@@ -288,7 +301,7 @@ def main(argv=None) -> SERAGRPOTrainer:
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
     )  # fmt: skip
     if suite is not None:
-        check_same_method(args.sera_settings(), suite.config)
+        check_same_method(args.sera_settings(), suite.settings)
     callbacks, folder = [], None
     if suite is not None:
         from sera.trl import RunFolderCallback
@@ -318,14 +331,8 @@ def main(argv=None) -> SERAGRPOTrainer:
     return trainer
 
 
-def check_same_method(trl_settings, config: dict) -> None:
-    """Refuse, before training, a TRL run whose allocation settings are not the ones the study config records."""
-    from omegaconf import OmegaConf
-
-    from experiments.math.train import STUDY
-    from sera.methods import MethodSettings
-
-    study = MethodSettings.from_config(OmegaConf.create(config), STUDY)
+def check_same_method(trl_settings, study) -> None:
+    """Refuse, before training, a TRL run whose allocation settings are not the study config's (`study`)."""
     keys = ("n0", "estimator", "pilot_m", "n_min", "n_max", "p_lo", "p_hi", "delta", "multiplicity_correction",
             "aggregation", "threshold")  # fmt: skip
     differ = {

@@ -40,6 +40,7 @@ from paper_figures.runs import (
     tagged,
     tested_and_baselines,
     tested_methods,
+    trainer_tag,
     verdict_methods,
     with_results,
 )
@@ -139,8 +140,7 @@ def model_runs(runs_root: Path, scale: str, model: str) -> tuple[list[Run], list
 
 def row_label(group, extra=""):
     run = group[0]
-    trainer = "TRL" if run.get("trainer") == "trl" else ""  # trained by SERA inside TRL (examples/trl_math.py)
-    tags = [run.get("method.aggregation"), trainer, extra, *status_tags(group)]
+    tags = [run.get("method.aggregation"), trainer_tag(run), extra, *status_tags(group)]
     return tagged(method_label(run.get("method.name")), tags)
 
 

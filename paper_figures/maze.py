@@ -33,6 +33,7 @@ from paper_figures.runs import (
     status_tags,
     tagged,
     tested_and_baselines,
+    trainer_tag,
     verdict_methods,
     with_results,
 )
@@ -70,7 +71,7 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
         rows.append(row)
     rl_rows = label_groups(
         rl_groups,
-        lambda g, extra="": tagged(method_label(g[0].get("method.name")), [extra, *status_tags(g)]),
+        lambda g, extra="": tagged(method_label(g[0].get("method.name")), [trainer_tag(g[0]), extra, *status_tags(g)]),
         key=lambda g: g[0].get("method.aggregation"),
     )
     for label, g in rl_rows:

@@ -184,6 +184,11 @@ def status_tags(group: list[Run]) -> list[str]:
     return tags
 
 
+def trainer_tag(run: Run) -> str:
+    """'TRL' for a run trained by SERA inside TRL (examples/trl_math.py, examples/trl_maze.py), else ''."""
+    return "TRL" if run.get("trainer") == "trl" else ""
+
+
 def tagged(label: str, tags: list[str]) -> str:
     """A row label with its non-empty tags in brackets: 'SERA (m=2, unfinished)'."""
     tags = [t for t in tags if t]

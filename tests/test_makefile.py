@@ -193,3 +193,20 @@ def test_the_math_paper_scale_runs_through_trl_into_run_folders_the_tables_read(
     assert any("have no TRL path and are not run" in line for line in lines)
     assert lines[-2:] == [f"{sys.executable} -m paper_figures.archive save --folder math-paper",
                           f"{sys.executable} -m paper_figures.math --scale paper"]  # fmt: skip
+
+
+def test_the_maze_paper_scale_runs_through_trl_into_run_folders_the_tables_read():
+    """SCALE=paper: each seed's base model trained and evaluated by the loop (one process), then one accelerate launch a
+    method and seed of examples.trl_maze on the paper config (its fixed pool), in the GPU environment; then the archive
+    and the maze table. The authors' rule by default; no GRPO (no TRL path), and it says so."""
+    lines = dry_run("reproduce-maze", "SCALE=paper", "MAZE_SEEDS=2")
+    assert trained(lines, "maze") == [("maxrl", "2")]
+    (base,) = [line for line in lines if "experiments.maze.train" in line]
+    assert ".venv-gpu/bin/python -m experiments.maze.train" in base and "run.base_only=true" in base
+    (launch,) = [line for line in lines if "accelerate launch" in line]
+    assert launch.strip().startswith(".venv-gpu/bin/accelerate launch --num_processes 8")
+    assert "-m examples.trl_maze scale=maze/paper  method=$m seed=$s" in launch and "--cpu" not in launch
+    assert any("for m in maxrl sera; do for s in $(echo 2" in line for line in lines)
+    assert any("GRPO has no TRL path and is not run" in line for line in lines)
+    assert lines[-2:] == [f"{sys.executable} -m paper_figures.archive save --folder maze-paper",
+                          f"{sys.executable} -m paper_figures.maze --scale paper"]  # fmt: skip

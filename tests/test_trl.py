@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -458,3 +459,43 @@ def test_records_sample_a_whole_copy_of_an_fsdp2_sharded_policy(tmp_path):
     assert result["engine"] == "HFEngine" and result["copy"] and result["same"]
     assert result["records"]["pair"]["ids"] == [0, 1] and result["records"]["single"]["ids"] == [7]
     assert all(0 <= c <= 8 for c in result["records"]["pair"]["correct"]) and result["records"]["pair"]["n"] == 8
+
+
+@pytest.mark.slow
+def test_the_maze_through_trl_is_a_run_folder_the_tables_read(tmp_path):
+    """examples/trl_maze.py (what the maze's paper scale launches), on the smoke scale with a pool of 6 mazes read in
+    epochs: TRL's prompts are the study's token ids, the run starts from the study's base and writes the suite's run
+    folder (config with trainer: trl, base.json, records of the held-out mazes, DONE), which the maze table reads as
+    TRL rows; fresh mazes (no pool) and a missing base are refused before any work."""
+    import json
+
+    import yaml
+
+    from examples.trl_maze import main
+    from experiments.maze import task as maze
+    from paper_figures.maze import main as tables
+    from sera.runlog import BASE_FILE, DONE_FILE, base_identity, eval_record_file
+
+    study = ["scale=maze/smoke", "task.pool_size=6", "task.pool_order=epoch", f"run.root={tmp_path}", "threads=1"]
+    with pytest.raises(ValueError, match="needs a fixed pool"):
+        main(["scale=maze/smoke", f"run.root={tmp_path}", "method=maxrl", "--cpu"])
+    with pytest.raises(FileNotFoundError, match="holds no finished base run; run it first"):
+        main([*study, "method=maxrl", "--cpu"])
+    base_only = [sys.executable, "-m", "experiments.maze.train", *study, "method=maxrl", "run.base_only=true"]
+    subprocess.run(base_only, check=True, capture_output=True, cwd=Path(__file__).parents[1])  # as make runs it
+    (base,) = (tmp_path / "maze-smoke").glob("base_*")
+    base_record = json.loads((base / eval_record_file(3, "heldout")).read_text())
+    for method in ("maxrl", "sera"):
+        trainer = main([*study, f"method={method}", "--cpu"])
+        path = Path(trainer.args.output_dir).parent
+        assert path.name.endswith("_seed-0_trl") and trainer.state.global_step == 4 and (path / DONE_FILE).exists()
+        assert yaml.safe_load((path / "config.yaml").read_text())["trainer"] == "trl"
+        assert json.loads((path / BASE_FILE).read_text()) == base_identity(base)
+        record = json.loads((path / eval_record_file(4, "heldout")).read_text())
+        assert record["ids"] == base_record["ids"] and record["n"] == 8
+        first = trainer.train_dataset[0]
+        grid = maze.MazeTask(maze.cells_for_grid(7), 3, 0, 6, "epoch", 3).train_grid(first["prompt_id"])
+        assert trainer.processing_class(first["prompt"]).input_ids == maze.encode_prompt(grid)
+    tables(["--scale", "smoke", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
+    table = (tmp_path / "out" / "maze-smoke" / "table4.md").read_text()
+    assert "| token-mean | MaxRL (TRL) | 1 | 4 |" in table and "| token-mean | SERA (TRL) | 1 | 4 |" in table
