@@ -289,6 +289,9 @@ def main(argv=None) -> SERAGRPOTrainer:
         cut = [len(ids) >= a.max_completion_length and ids[-1] != tokenizer.eos_token_id for ids in completion_ids]
         return score_batch(completions, answer, cut).tolist()
 
+    # TRL's own evaluation (mean reward of n0 samples, and a loss over the whole held-out batch at once, whose logits
+    # alone would not fit at paper scale); a run written as the suite's evaluates by its records instead
+    trl_eval = heldout if suite is None else []
     args = SERAGRPOConfig(
         output_dir=a.output_dir, method=a.method, estimator=a.estimator, pilot_m=a.pilot_m, num_generations=a.n0,
         n_min=a.n_min, n_max=a.n_max, active_threshold=a.active_threshold,
@@ -297,7 +300,7 @@ def main(argv=None) -> SERAGRPOTrainer:
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
         use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
-        logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, heldout),
+        logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, trl_eval),
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
     )  # fmt: skip
     if suite is not None:
@@ -325,7 +328,7 @@ def main(argv=None) -> SERAGRPOTrainer:
                                          top_p=a.eval_top_p, seed=a.seed, folder=folder))  # fmt: skip
     trainer = SERAGRPOTrainer(
         model=model, reward_funcs=math_verify, args=args, train_dataset=dataset(problems),
-        eval_dataset=dataset(heldout) if heldout else None, processing_class=tokenizer, callbacks=callbacks,
+        eval_dataset=dataset(trl_eval) if trl_eval else None, processing_class=tokenizer, callbacks=callbacks,
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer

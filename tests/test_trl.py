@@ -412,6 +412,7 @@ def test_a_study_config_through_trl_is_a_run_folder_the_tables_read(tmp_path, ca
         trainer = main(["--from-config", *study, f"method={method}", *launch, "--run-dir", "auto"])
         path = root / folder
         assert trainer.state.global_step == 4 and (path / DONE_FILE).exists()
+        assert not any("eval_reward" in log for log in trainer.state.log_history)  # the records evaluate, not TRL
         config = yaml.safe_load((path / "config.yaml").read_text())
         assert config["trainer"] == "trl" and config["method"]["name"] == method and config["trl"]["n0"] == 16
         assert json.loads((path / BASE_FILE).read_text()) == base_identity(base)
