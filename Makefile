@@ -230,7 +230,7 @@ reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=pape
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call LEVEL,maze-$(SCALE)) $(TRL_BIN)/python -m experiments.maze.train --multirun threads=1 scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=maxrl run.base_only=true seed=$(call seeds,$(MAZE_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MAZE_SEEDS)) | tr ',' ' '); do \
-		$(TRL_LAUNCH) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) || exit 1; done; done
+		$(call TRL_LAUNCH,$(ACCELERATE_CONFIG)) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) || exit 1; done; done
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
@@ -270,16 +270,20 @@ endif
 # of their own (runs/retrained, archived as results/runs/retrained/). The main grids' runs of those seeds never enter.
 # The math recipes through SERA inside TRL (examples/trl_math.py --from-config ... --run-dir auto), what SCALE=paper
 # runs: each seed's base model evaluated by the suite's loop on one process, then one accelerate launch a method and
-# seed over GPUS_TRL processes (CPU processes at SCALE=smoke; .venv-gpu, make install-gpu, at SCALE=paper), each written as the suite's run folder beside its base
-# (runs/math-<scale>/<model>/<run>_trl: config, metrics, records, DONE), which the tables read. MaxRL and SERA only
-# (token-mean): GRPO, PKPO and DARS-HW have no TRL path here. ACCELERATE_CONFIG= picks an accelerate config (DeepSpeed
-# ZeRO-3 or FSDP for the larger models: docs/paper-scale.md).
+# seed over GPUS_TRL processes (CPU processes at SCALE=smoke; .venv-gpu, make install-gpu, at SCALE=paper), each
+# written as the suite's run folder beside its base (runs/math-<scale>/<model>/<run>_trl: config, metrics, records,
+# DONE), which the tables read. MaxRL and SERA only (token-mean): GRPO, PKPO and DARS-HW have no TRL path here.
+# The accelerate config: ACCELERATE_CONFIG= (configs/accelerate/zero3.yaml or fsdp2.yaml), else the model's default
+# below (ZeRO-3 for Qwen3-4B, whose float32 weights and AdamW state do not fit one 80 GB GPU beside vLLM), else
+# accelerate's data parallelism (docs/paper-scale.md).
 GPUS_TRL ?= 8
 ACCELERATE_CONFIG ?=
+ACCELERATE_qwen3-4b-base := configs/accelerate/zero3.yaml
 TRL_BIN = $(if $(filter paper,$(SCALE)),$(GPU_VENV),$(VENV))/bin
-TRL_LAUNCH = $(TRL_BIN)/accelerate launch --num_processes $(GPUS_TRL) $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) \
+TRL_LAUNCH = $(TRL_BIN)/accelerate launch --num_processes $(GPUS_TRL) $(if $(1),--config_file $(1)) \
 	$(if $(filter smoke,$(SCALE)),--cpu)
-TRL_RUN = $(TRL_LAUNCH) -m examples.trl_math --from-config scale=$(MATH_SCALE)
+TRL_RUN = $(call TRL_LAUNCH,$(or $(ACCELERATE_CONFIG),$(if $(filter paper,$(SCALE)),$(ACCELERATE_$(MODEL))))) \
+	-m examples.trl_math --from-config scale=$(MATH_SCALE)
 reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper runs): SCALE=paper MODEL=... MATH_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check, about 1 min)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }

@@ -210,3 +210,21 @@ def test_the_maze_paper_scale_runs_through_trl_into_run_folders_the_tables_read(
     assert any("GRPO has no TRL path and is not run" in line for line in lines)
     assert lines[-2:] == [f"{sys.executable} -m paper_figures.archive save --folder maze-paper",
                           f"{sys.executable} -m paper_figures.maze --scale paper"]  # fmt: skip
+
+
+def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accelerate_reads():
+    """MODEL=qwen3-4b-base at SCALE=paper: the launch takes configs/accelerate/zero3.yaml (ACCELERATE_CONFIG= wins);
+    both shipped accelerate configs load with accelerate's own reader as DeepSpeed ZeRO-3 and FSDP2."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper", "MODEL=qwen3-4b-base") if "launch" in line]
+    assert "--num_processes 8 --config_file configs/accelerate/zero3.yaml" in launch
+    (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper", "MODEL=qwen3-4b-base",
+                                          "ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml") if "launch" in line]  # fmt: skip
+    assert "--config_file configs/accelerate/fsdp2.yaml" in launch
+    (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper") if "launch" in line]  # SmolLM2: DDP
+    assert "--config_file" not in launch
+    zero3 = load_config_from_file(str(ROOT / "configs/accelerate/zero3.yaml"))
+    assert zero3.distributed_type == "DEEPSPEED" and zero3.deepspeed_config["zero_stage"] == 3
+    fsdp2 = load_config_from_file(str(ROOT / "configs/accelerate/fsdp2.yaml"))
+    assert fsdp2.distributed_type == "FSDP" and fsdp2.fsdp_config["fsdp_version"] == 2
