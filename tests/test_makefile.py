@@ -219,8 +219,10 @@ def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accel
 
     (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper", "MODEL=qwen3-4b-base") if "launch" in line]
     assert "--num_processes 8 --config_file configs/accelerate/zero3.yaml" in launch
-    (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper", "MODEL=qwen3-4b-base",
-                                          "ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml") if "launch" in line]  # fmt: skip
+    fsdp = dry_run(
+        "reproduce-math", "SCALE=paper", "MODEL=qwen3-4b-base", "ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml"
+    )
+    (launch,) = [line for line in fsdp if "launch" in line]
     assert "--config_file configs/accelerate/fsdp2.yaml" in launch
     (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper") if "launch" in line]  # SmolLM2: DDP
     assert "--config_file" not in launch
