@@ -128,20 +128,27 @@ SHARDED = {
 HOLDS = {"zero2": ["Parameter"], "zero3": ["Parameter-zero3"], "fsdp2": ["DTensor"]}  # tests/trl_toy "sharded"
 
 
-@pytest.mark.parametrize("setup", sorted(SHARDED))
-def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
-    """SERAGRPOTrainer under `accelerate launch` on two GPUs with ZeRO-2, ZeRO-3 (parameters partitioned) and FSDP2
-    (DTensor parameters): the step's counts, advantages and gradient (gathered) as in one process."""
+def two_gpu_launch(tmp_path, setup: str) -> list[str]:
+    """`accelerate launch` over two GPUs with one of SHARDED's configs (skipped with fewer GPUs or no DeepSpeed)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     if setup.startswith("zero"):
         pytest.importorskip("deepspeed")
     config = tmp_path / f"{setup}.yaml"
     config.write_text(SHARDED[setup] + "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n")
+    return [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file", str(config)]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+@pytest.mark.parametrize("setup", sorted(SHARDED))
+def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
+    """SERAGRPOTrainer under `accelerate launch` on two GPUs with ZeRO-2, ZeRO-3 (parameters partitioned) and FSDP2
+    (DTensor parameters): the step's counts, advantages and gradient (gathered) as in one process."""
+    launch = two_gpu_launch(tmp_path, setup)
     out = tmp_path / "step.json"
-    launch = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file", str(config)]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    done = subprocess.run([*launch, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo", "--accelerate"], cwd=root,
+    done = subprocess.run([*launch, "-m", "tests.trl_toy", str(out), "sera_pilot", "dapo", "--accelerate"], cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     import json
@@ -155,22 +162,15 @@ def test_trl_step_sharded_over_two_gpus(tmp_path, setup):
 def test_the_records_of_a_sharded_run_over_two_gpus(tmp_path, setup):
     """examples/trl_math.py --records under ZeRO-3 and FSDP2 on two GPUs (sera.trl.policy_engine: the parameters
     gathered, or the policy copied whole): every step's record covers every held-out question."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
-    if setup.startswith("zero"):
-        pytest.importorskip("deepspeed")
     import json
 
-    config = tmp_path / f"{setup}.yaml"
-    config.write_text(SHARDED[setup] + "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n")
-    launch = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file", str(config)]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    launch = two_gpu_launch(tmp_path, setup)
     records = tmp_path / "records"
     done = subprocess.run([*launch, "-m", "examples.trl_math", "--model", "tiny-math", "--template", "plain",
                            "--train", "chain_sum", "--prompts", "2", "--n0", "8", "--method", "sera",
                            "--max-completion-length", "16", "--steps", "2", "--eval-problems", "4", "--eval-every", "1",
                            "--records", str(records), "--record-samples", "8", "--output-dir", str(tmp_path / "out")],
-                          cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     for step in (1, 2):
         record = json.loads((records / f"eval_step{step}_heldout.json").read_text())
@@ -210,9 +210,8 @@ def test_the_classifier_over_two_gpus(tmp_path, method):
     overrides = ["scale=imagenet/smoke", f"method={method}", "device=cuda", "threads=1", "data.num_train=32"]
     overrides += ["train.steps=8", "train.warm_start_steps=4", "eval.every=4"]
     torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     env = {**os.environ, "SERA_TEST_BATCHNORM": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    done = subprocess.run([*torchrun, "-m", "tests.imagenet_ddp_toy", str(tmp_path), *overrides], cwd=root, env=env,
+    done = subprocess.run([*torchrun, "-m", "tests.imagenet_ddp_toy", str(tmp_path), *overrides], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     (run,) = (tmp_path / "imagenet-smoke").iterdir()
