@@ -224,13 +224,16 @@ endif
 # processes, written as runs/maze-<scale>/<run>_trl beside its base. TRL trains on a dataset, so the maze needs its
 # fixed pool (the paper config's 7,424 mazes; SCALE=smoke takes a pool of 6). MaxRL and SERA only (token-mean).
 MAZE_TRL_POOL = $(if $(filter smoke,$(SCALE)),task.pool_size=6 task.pool_order=epoch)
+# rows of a device micro-batch at paper scale (--micro-rows; gradients accumulate over the step, tested equal): 512
+# rollouts of a 3M-parameter model over 13 tokens, 8 micro-batches a step on 8 GPUs
+MAZE_TRL_MICRO_ROWS ?= 512
 reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=paper runs): SCALE=paper MAZE_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check, about 1 min)
 	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }
 	@echo "MaxRL and $(SERA) (token-mean) through TRL; GRPO has no TRL path and is not run"
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call LEVEL,maze-$(SCALE)) $(TRL_BIN)/python -m experiments.maze.train --multirun threads=1 scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=maxrl run.base_only=true seed=$(call seeds,$(MAZE_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MAZE_SEEDS)) | tr ',' ' '); do \
-		$(call TRL_LAUNCH,$(ACCELERATE_CONFIG)) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) || exit 1; done; done
+		$(call TRL_LAUNCH,$(ACCELERATE_CONFIG)) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu,--micro-rows $(MAZE_TRL_MICRO_ROWS)) || exit 1; done; done
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
@@ -277,6 +280,9 @@ endif
 # below (ZeRO-3 for Qwen3-4B, whose float32 weights and AdamW state do not fit one 80 GB GPU beside vLLM), else
 # accelerate's data parallelism (docs/paper-scale.md).
 GPUS_TRL ?= 8
+# rows of a device micro-batch at paper scale (--micro-rows): 4 rows of 2048 tokens keep a micro-batch's logits at
+# about 4 GB (SmolLM2's 49,152-token vocabulary) to 12 GB (Qwen's 151,936) in bf16 and float32 copies
+MATH_TRL_MICRO_ROWS ?= 4
 ACCELERATE_CONFIG ?=
 ACCELERATE_qwen3-4b-base := configs/accelerate/zero3.yaml
 TRL_BIN = $(if $(filter paper,$(SCALE)),$(GPU_VENV),$(VENV))/bin
@@ -291,7 +297,7 @@ reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper ru
 	$(ARCHIVE) restore --folder math-$(SCALE)
 	$(call LEVEL,math-$(SCALE)) $(TRL_BIN)/python -m experiments.math.train --multirun threads=1 scale=$(MATH_SCALE) method=maxrl run.base_only=true seed=$(call seeds,$(MATH_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MATH_SEEDS)) | tr ',' ' '); do \
-		$(TRL_RUN) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu) --run-dir auto || exit 1; done; done
+		$(TRL_RUN) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu,--micro-rows $(MATH_TRL_MICRO_ROWS)) --run-dir auto || exit 1; done; done
 	$(ARCHIVE) save --folder math-$(SCALE)
 	$(PY) -m paper_figures.math --scale $(SCALE)
 

@@ -55,6 +55,8 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--n0", type=int, default=16, help="num_generations: rollouts per prompt on average")
     p.add_argument("--prompts", type=int, default=256, help="B prompts a step, over all processes")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches a step on each process")
+    p.add_argument("--micro-rows", type=int, default=None, help="rows of a device micro-batch: sets --grad-accum to "
+                   "B x n0 / (processes x N)")  # fmt: skip
     p.add_argument("--loss-type", default="dapo", help="dapo (token-mean) | dr_grpo (seqnorm) | sera.trl's others")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--grad-clip", type=float, default=0.3)
@@ -248,6 +250,7 @@ def main(argv=None) -> SERAGRPOTrainer:
         argv = argv[:at] + from_config(overrides) + rest[own:]
     a = arguments(argv)
     processes = int(os.environ.get("WORLD_SIZE", 1))
+    a.grad_accum = grad_accum(a.prompts * a.n0, processes, a.micro_rows, a.grad_accum)
     rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
     if rest:
         raise ValueError(f"B x n0 = {a.prompts} x {a.n0} rows must split evenly over {processes} x {a.grad_accum}")
@@ -332,6 +335,18 @@ def main(argv=None) -> SERAGRPOTrainer:
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer
+
+
+def grad_accum(step_rows: int, processes: int, micro_rows: int | None, given: int) -> int:
+    """Micro-batches a step on each process: `given`, or with micro_rows the count that gives each micro-batch that
+    many of the step's rows (which must divide evenly)."""
+    if micro_rows is None:
+        return given
+    count, rest = divmod(step_rows, processes * micro_rows)
+    if rest or count < 1:
+        raise ValueError(f"{step_rows} rows a step do not split into micro-batches of {micro_rows} over {processes} "
+                         "processes")  # fmt: skip
+    return count
 
 
 def check_same_method(trl_settings, study) -> None:

@@ -23,7 +23,7 @@ import argparse
 import os
 from pathlib import Path
 
-from examples.trl_math import check_same_method, compose, recorded_config, require_base, study_default
+from examples.trl_math import check_same_method, compose, grad_accum, recorded_config, require_base, study_default
 from sera.trl import SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
 
 LOSS_TYPES = {"token-mean": "dapo", "seqnorm": "dr_grpo"}  # the suite's aggregation -> TRL's loss type
@@ -36,6 +36,8 @@ def arguments(argv: list[str]) -> tuple[list[str], argparse.Namespace]:
     p.add_argument("--run-dir", default="auto", help="the run folder (auto: the one the study would use, plus _trl)")
     p.add_argument("--output-dir", default=None, help="TRL's checkpoints (default: <run folder>/trainer)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches a step on each process")
+    p.add_argument("--micro-rows", type=int, default=None, help="rows of a device micro-batch: sets --grad-accum to "
+                   "B x n0 / (processes x N)")  # fmt: skip
     p.add_argument("--vllm", default=None, choices=["none", "server", "colocate"], help="default: colocate where "
                    "the config says engine: vllm, else none")  # fmt: skip
     p.add_argument("--cpu", action="store_true")
@@ -74,6 +76,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
     resume = any(Path(output_dir).glob("checkpoint-*"))  # an interrupted run resumes
 
     processes = int(os.environ.get("WORLD_SIZE", 1))
+    a.grad_accum = grad_accum(cfg.train.batch_size * cfg.n0, processes, a.micro_rows, a.grad_accum)
     rows, rest = divmod(cfg.train.batch_size * cfg.n0, processes * a.grad_accum)
     if rest:
         raise ValueError(f"B x n0 = {cfg.train.batch_size} x {cfg.n0} rows must split over {processes} x {a.grad_accum}"

@@ -188,7 +188,7 @@ def test_the_math_paper_scale_runs_through_trl_into_run_folders_the_tables_read(
     (launch,) = [line for line in lines if "accelerate launch" in line]
     assert launch.strip().startswith(".venv-gpu/bin/accelerate launch --num_processes 8")
     assert "-m examples.trl_math --from-config scale=math/paper_qwen25math method=$m seed=$s" in launch
-    assert "--run-dir auto" in launch and "--cpu" not in launch
+    assert "--micro-rows 4 --run-dir auto" in launch and "--cpu" not in launch
     assert any("for m in maxrl sera; do for s in $(echo 0,1" in line for line in lines)
     assert any("have no TRL path and are not run" in line for line in lines)
     assert lines[-2:] == [f"{sys.executable} -m paper_figures.archive save --folder math-paper",
@@ -205,7 +205,8 @@ def test_the_maze_paper_scale_runs_through_trl_into_run_folders_the_tables_read(
     assert ".venv-gpu/bin/python -m experiments.maze.train" in base and "run.base_only=true" in base
     (launch,) = [line for line in lines if "accelerate launch" in line]
     assert launch.strip().startswith(".venv-gpu/bin/accelerate launch --num_processes 8")
-    assert "-m examples.trl_maze scale=maze/paper  method=$m seed=$s" in launch and "--cpu" not in launch
+    assert "-m examples.trl_maze scale=maze/paper  method=$m seed=$s --micro-rows 512" in launch
+    assert "--cpu" not in launch
     assert any("for m in maxrl sera; do for s in $(echo 2" in line for line in lines)
     assert any("GRPO has no TRL path and is not run" in line for line in lines)
     assert lines[-2:] == [f"{sys.executable} -m paper_figures.archive save --folder maze-paper",

@@ -74,6 +74,16 @@ def test_the_authors_rule_in_two_processes(tmp_path):
     check_step(r, "sera")
 
 
+@pytest.mark.parametrize(("method", "loss_type"), [("sera", "dapo"), ("sera_pilot", "dr_grpo"), ("maxrl", "grpo")])
+def test_gradient_accumulation_gives_the_whole_steps_gradient(tmp_path, method, loss_type):
+    """Four micro-batches a step (gradient_accumulation_steps=4, a quarter of the step's rows each: how the paper-scale
+    launches fit a device, --micro-rows): the same B x n0 budget, groups and MaxRL x n0 / n_i advantages, and the
+    accumulated gradient equals the suite's loss over the whole step."""
+    r = trl_toy.one_step(tmp_path, method, loss_type, per_device_train_batch_size=trl_toy.N0,
+                         gradient_accumulation_steps=4)  # fmt: skip
+    check_step(r, method)
+
+
 @pytest.mark.slow
 def test_two_processes(tmp_path):
     """torchrun, two CPU processes over gloo: each holds B x n0 / 2 rows, groups span the processes; the counts sum
@@ -379,8 +389,11 @@ def test_launch_script_takes_a_study_config(tmp_path):
     assert args[args.index("--method") + 1] == "sera_pilot" and args[args.index("--seed") + 1] == "3"
     assert args[args.index("--train") + 1] == "chain_sum" and args[args.index("--loss-type") + 1] == "dapo"
     trainer = main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--steps", "1",
-                    "--output-dir", str(tmp_path)])  # fmt: skip
+                    "--output-dir", str(tmp_path), "--micro-rows", "16"])  # fmt: skip
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 3 * 16
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (16, 3)
+    with pytest.raises(ValueError, match="48 rows a step do not split into micro-batches of 10 over 1 processes"):
+        main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--micro-rows", "10"])
 
 
 @pytest.mark.slow
