@@ -50,12 +50,12 @@ test-faults: install ## fault injection: SIGKILL a real run at random moments FA
 	FAULT_KILLS=$${FAULT_KILLS:-40} $(PY) -m pytest -q tests/test_run_dirs.py -k random_kills
 
 lint: install ## ruff lint and format check
-	$(VENV)/bin/ruff check sera experiments paper_figures tests bench
-	$(VENV)/bin/ruff format --check sera experiments paper_figures tests bench
+	$(VENV)/bin/ruff check sera experiments paper_figures tests bench examples
+	$(VENV)/bin/ruff format --check sera experiments paper_figures tests bench examples
 
 format: install ## ruff autoformat
-	$(VENV)/bin/ruff format sera experiments paper_figures tests bench
-	$(VENV)/bin/ruff check --fix sera experiments paper_figures tests bench
+	$(VENV)/bin/ruff format sera experiments paper_figures tests bench examples
+	$(VENV)/bin/ruff check --fix sera experiments paper_figures tests bench examples
 
 bench: install ## speed figures (printed ratios; not tests)
 	$(PY) -m bench.bench_core
