@@ -254,6 +254,10 @@ def main(argv=None) -> SERAGRPOTrainer:
     rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
     if rest:
         raise ValueError(f"B x n0 = {a.prompts} x {a.n0} rows must split evenly over {processes} x {a.grad_accum}")
+    if overrides is not None and not a.cpu:  # on a GPU: the launch's memory plan must fit (sera.plan)
+        from sera.plan import check_trl_fits
+
+        check_trl_fits(compose(overrides), processes, rows)
     suite = None
     if a.run_dir is not None:
         if overrides is None:

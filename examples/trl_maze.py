@@ -81,6 +81,10 @@ def main(argv=None) -> SERAGRPOTrainer | None:
     if rest:
         raise ValueError(f"B x n0 = {cfg.train.batch_size} x {cfg.n0} rows must split over {processes} x {a.grad_accum}"
                          )  # fmt: skip
+    if not a.cpu:  # on a GPU: the launch's memory plan must fit (sera.plan; the maze models have no entry yet)
+        from sera.plan import check_trl_fits
+
+        check_trl_fits(cfg, processes, rows)
     task, tokenizer = make_task(cfg), build_tokenizer()
     model = str(base) if a.vllm != "none" else build_model(cfg.model.name, str(base))  # vLLM loads by path
     pool = range(cfg.task.pool_size)

@@ -73,14 +73,15 @@ class Plan:
 
 def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, response_tokens: int, gpus: int,
          gpu_gb: float, sharded: bool, autocast: str | None, vllm_share: float,
-         chunk: int | None = None) -> Plan:  # fmt: skip
+         chunk: int | None = None, checkpointing: bool = False) -> Plan:  # fmt: skip
     """The per-GPU memory of one training rank and the compute of one step.
 
     rollouts: a step's rollouts (B n0); micro_batch: rollouts in one forward/backward (the step's whole share when
     0); prompt and response tokens at their limits (the loss keeps the width of the longest response); sharded:
     FSDP2 or ZeRO-3 (weights, gradients and optimizer state divided by the GPUs), else a full replica a GPU;
     autocast: "bfloat16" for mixed precision, None for float32; vllm_share: the fraction of the GPU vLLM reserves;
-    chunk: train.logprob_chunk (None: the loss's log-softmax over the whole width at once).
+    chunk: train.logprob_chunk (None: the loss's log-softmax over the whole width at once); checkpointing:
+    activation checkpointing (each layer's input kept, one layer's activations recomputed at a time in backward).
     """
     if gpus < 1 or rollouts < 1 or gpu_gb <= 0:
         raise ValueError(f"need gpus >= 1, rollouts >= 1 and gpu_gb > 0; got {gpus}, {rollouts}, {gpu_gb}")
@@ -88,7 +89,11 @@ def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, res
     per_rank = -(-rollouts // gpus)
     micro = min(micro_batch or per_rank, per_rank)
     tokens = micro * (prompt_tokens + response_tokens)
-    activations = arch.layers * tokens * arch.hidden * ACTIVATION_BYTES["bfloat16" if autocast else "float32"] / GB
+    kept = ACTIVATION_BYTES["bfloat16" if autocast else "float32"]
+    if checkpointing:  # a layer's input a layer (2 or 4 bytes a unit), and one layer's activations at a time
+        activations = tokens * arch.hidden * (arch.layers * (2 if autocast else 4) + kept) / GB
+    else:
+        activations = arch.layers * tokens * arch.hidden * kept / GB
     # the forward's logits (bf16 under autocast, else float32), then the loss's float32 copy and log-softmax: of the
     # whole width, or of `chunk` positions at a time (train.logprob_chunk; a float32 forward needs no copy)
     forward = 2 if autocast else 4
@@ -131,6 +136,54 @@ def plan_of(cfg, gpus: int, gpu_gb: float, prompt_tokens: int = 512) -> Plan | N
     )
 
 
+TRL_VLLM_SHARE = 0.3  # GRPOConfig's vllm_gpu_memory_utilization, which the TRL scripts leave at its default
+
+
+def plan_trl(cfg, gpus: int, gpu_gb: float, micro_rows: int, sharded: bool, prompt_tokens: int = 512) -> Plan | None:
+    """The plan of a config run through SERA inside TRL (examples/trl_math.py, examples/trl_maze.py: what the paper
+    scales launch): `micro_rows` rows a device micro-batch (--micro-rows), activation checkpointing (TRL's default
+    on GPUs), ZeRO-3 or FSDP2 when `sharded`, float32 weights with bf16 autocast when model.dtype=bfloat16, and
+    vLLM colocate's share (TRL's default 0.3) where the config generates with vLLM. None for a CPU model."""
+    model = cfg.get("model", {})
+    arch = ARCHS.get(model.get("name"))
+    if arch is None:
+        return None
+    return plan(
+        arch, rollouts=int(cfg.train.batch_size) * int(cfg.n0), micro_batch=micro_rows, prompt_tokens=prompt_tokens,
+        response_tokens=int(cfg.max_new_tokens), gpus=gpus, gpu_gb=gpu_gb, sharded=sharded,
+        autocast="bfloat16" if model.get("dtype") == "bfloat16" else None,
+        vllm_share=TRL_VLLM_SHARE if cfg.get("engine") == "vllm" else 0.0, checkpointing=True,
+    )  # fmt: skip
+
+
+def launched_sharded() -> bool:
+    """Whether `accelerate launch` set up ZeRO-3 or FSDP for this process (its environment says so)."""
+    import os
+
+    zero3 = (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
+    return zero3 or os.environ.get("ACCELERATE_USE_FSDP") == "true"
+
+
+def check_trl_fits(cfg, gpus: int, micro_rows: int) -> None:
+    """On a GPU, refuse a TRL launch whose plan (plan_trl, sharded as accelerate set it up) does not fit the device,
+    before the model loads; on the CPU, nothing."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    gpu_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
+    p = plan_trl(cfg, gpus, gpu_gb, micro_rows, launched_sharded())
+    if p is not None and not p.fits:
+        detail = "; ".join(f"{name}: {value}" for name, value in p.rows())
+        raise ValueError(
+            f"this TRL launch needs about {p.total:.0f} GB a GPU and the GPU has {gpu_gb:.0f} GB ({detail}). Lower "
+            "--micro-rows, set model.dtype=bfloat16, or shard with ACCELERATE_CONFIG=configs/accelerate/zero3.yaml"
+        )
+
+
 def check_fits(cfg, gpus: int, gpu_gb: float) -> None:
     """Refuse, before any work, a run whose plan does not fit the GPU; say what to lower."""
     p = plan_of(cfg, gpus, gpu_gb)
@@ -153,16 +206,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. scale=math/paper_qwen3")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--gpu-gb", type=float, default=80.0)
+    parser.add_argument("--trl", action="store_true", help="the TRL route (what the paper scales launch)")
+    parser.add_argument("--micro-rows", type=int, default=4, help="--trl: rows of a device micro-batch")
+    parser.add_argument("--sharded", action="store_true", help="--trl: ZeRO-3 or FSDP2 (else data parallel)")
     args = parser.parse_args(argv)
     configs = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         cfg = compose(config_name=args.study, overrides=args.overrides)
-    p = plan_of(cfg, args.gpus, args.gpu_gb)
+    if args.trl:
+        p = plan_trl(cfg, args.gpus, args.gpu_gb, args.micro_rows, args.sharded)
+    else:
+        p = plan_of(cfg, args.gpus, args.gpu_gb)
     if p is None:
         print(f"no architecture entry for model.name={cfg.model.name}: a CPU model, nothing to plan")
         return
     rollouts = cfg.train.batch_size * cfg.n0
-    micro = cfg.train.micro_batch_rollouts or "a whole share"
+    micro = args.micro_rows if args.trl else cfg.train.micro_batch_rollouts or "a whole share"
+    route = (f"through TRL ({'ZeRO-3/FSDP2' if args.sharded else 'data parallel'}, activation checkpointing)"
+             if args.trl else "the suite's loop")  # fmt: skip
+    print(f"{route}:")
     print(f"{cfg.model.name}: {rollouts} rollouts a step of up to {cfg.max_new_tokens} tokens, micro-batches of "
           f"{micro}, {args.gpus} GPU(s) of {args.gpu_gb:.0f} GB")  # fmt: skip
     for name, value in p.rows():

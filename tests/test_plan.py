@@ -74,3 +74,28 @@ def test_a_gpu_refuses_an_rl_run_that_cannot_fit_but_evaluates_its_base(monkeypa
     with pytest.raises(ValueError, match="needs about .* GB a GPU and the GPU has 80 GB"):
         resolve_device(config("math", "scale=math/paper"))
     assert resolve_device(config("math", "scale=math/paper", "run.base_only=true")) == "cuda"
+
+
+def test_the_trl_route_plan_and_its_refusal_on_a_gpu(monkeypatch):
+    """The TRL route (what the paper scales launch): activation checkpointing keeps a layer's input a layer and one
+    layer's activations; 4 rows a micro-batch. Qwen3-4B's float32 state does not fit an 80 GB GPU beside vLLM under
+    data parallelism, and does under ZeRO-3 (the Makefile's default for it); a GPU launch reads how accelerate set it
+    up and refuses the first before the model loads."""
+    import torch
+
+    arch = planner.Arch(params=1e9, layers=10, hidden=1000, vocab=50000)
+    p = planner.plan(arch, rollouts=64, micro_batch=4, prompt_tokens=100, response_tokens=900, gpus=2, gpu_gb=80,
+                     sharded=False, autocast="bfloat16", vllm_share=0.0, checkpointing=True)  # fmt: skip
+    assert p.activations == pytest.approx(4000 * 1000 * (10 * 2 + 34) / 1e9)  # tokens x hidden x (layers x 2 + 34)
+    qwen3 = config("math", "scale=math/paper_qwen3")
+    assert not planner.plan_trl(qwen3, 8, 80, 4, sharded=False).fits
+    assert planner.plan_trl(qwen3, 8, 80, 4, sharded=True).fits
+    assert planner.plan_trl(config("math", "scale=math/paper"), 8, 80, 4, sharded=False).fits
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80e9})())
+    with pytest.raises(ValueError, match="this TRL launch needs about 118 GB a GPU and the GPU has 80 GB"):
+        planner.check_trl_fits(qwen3, 8, 4)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    planner.check_trl_fits(qwen3, 8, 4)  # no refusal
