@@ -3,10 +3,10 @@
     # CPU check (the test runs it): a random tiny model on generated chain sums, one step, seconds
     .venv/bin/python -m examples.trl_math --model tiny-math-smoke --template plain --train chain_sum --prompts 2 \
         --n0 8 --method sera_pilot --pilot-m 4 --max-completion-length 16 --steps 1 --cpu
-    # 8 GPUs, DeepSpeed ZeRO-3 (TRL ships the accelerate config), transformers generation (not run here)
-    CONFIGS="$(python -c 'import trl, os; print(os.path.dirname(trl.__file__))')/accelerate_configs"
-    accelerate launch --config_file "$CONFIGS/zero3.yaml" --num_processes 8 -m examples.trl_math \
-        --model Qwen/Qwen2.5-Math-1.5B --template qwen_math --train gsm8k --bf16
+    # 8 GPUs, a study config (what make reproduce-math SCALE=paper launches; not run here): the recipe's settings,
+    # 4 rows a device micro-batch, written as the suite's run folder that the tables read
+    accelerate launch --config_file configs/accelerate/zero3.yaml --num_processes 8 -m examples.trl_math \
+        --from-config scale=math/paper_qwen3 method=sera seed=0 --micro-rows 4 --run-dir auto
 
 The problems come from the math study (`experiments/math/data.py`: a registry slug such as gsm8k kept locally, a
 .jsonl/.parquet file, or a generated family such as chain_sum); the reward is its grading (math-verify on the last
@@ -15,7 +15,9 @@ The problems come from the math study (`experiments/math/data.py`: a registry sl
 saved under --output-dir first, since vLLM loads a model by its path). `--eval-problems N --eval-every K` evaluates
 N held-out problems every K steps (mean reward of --n0 samples each, MaxRL's loss on TRL's uniform groups),
 `--save-every K` checkpoints and `--resume` continues from the last checkpoint in --output-dir (SERA's historical
-p_hat included), `--report-to wandb` logs there. Settings not given here are GRPOConfig's; the defaults below are the
+p_hat included), `--report-to wandb` logs there. `--from-config OVERRIDES` takes a study config's settings
+(`from_config`); with `--run-dir auto` the run starts from the study's base run and is written as the suite's run
+folder beside it (`suite_run`, sera.trl.RunFolderCallback), evaluated by the per-question records only. Settings not given here are GRPOConfig's; the defaults below are the
 MaxRL authors' Qwen settings where the SERA paper is silent (docs/design.md section 5).
 """
 
