@@ -17,8 +17,9 @@ N held-out problems every K steps (mean reward of --n0 samples each, MaxRL's los
 `--save-every K` checkpoints and `--resume` continues from the last checkpoint in --output-dir (SERA's historical
 p_hat included), `--report-to wandb` logs there. `--from-config OVERRIDES` takes a study config's settings
 (`from_config`); with `--run-dir auto` the run starts from the study's base run and is written as the suite's run
-folder beside it (`suite_run`, sera.trl.RunFolderCallback), evaluated by the per-question records only. Settings not given here are GRPOConfig's; the defaults below are the
-MaxRL authors' Qwen settings where the SERA paper is silent (docs/design.md section 5).
+folder beside it (`suite_run`, sera.trl.RunFolderCallback), evaluated by the per-question records only. Settings
+not given here are GRPOConfig's; the defaults below are the MaxRL authors' Qwen settings where the SERA paper is
+silent (docs/design.md section 5).
 """
 
 from __future__ import annotations
