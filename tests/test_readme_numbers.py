@@ -467,7 +467,9 @@ def test_numbers_in_the_prose_are_checked():
     assert_caught(mutated("0.75 vs 0.52", "0.66 vs 0.52"), "0.66")
     # a sign is part of the number
     assert_caught(mutated("+0.80 [+0.04, +1.56] pp", "+0.80 [-0.04, +1.56] pp"), "-0.04 is no value")
-    assert_caught(mutated("by 5.37 pp", "by 5.42 pp"), "5.42pp")  # a difference of two cells
+    # a difference of two cells, mutated to a value that is no difference of two cells of the files beside (5.42 became
+    # one when the tiny-math SARA table grew to 8 seeds: the rule accepts any such difference, so a check may miss one)
+    assert_caught(mutated("by 5.37 pp", "by 5.47 pp"), "5.47pp")
     assert_caught(mutated("mean of 3 seeds", "mean of 5 seeds"), "'5 seeds'")
     assert_caught(mutated("on three seeds of five", "on three seeds of seven"), "'three seeds of seven'")
 
