@@ -165,7 +165,7 @@ def require_base(base: Path, command: str) -> None:
         raise FileNotFoundError(f"{base} holds no finished base run; run it first: {command}")
 
 
-def from_config(overrides: list[str]) -> list[str]:
+def from_config(overrides: list[str], cfg=None) -> list[str]:
     """This script's arguments for a math study config (`configs/math.yaml` with Hydra overrides, e.g.
     scale=math/paper_qwen25math method=sera seed=0): the model, template, data, n0, B, the method's allocation
     settings, the learning rate, gradient clip, response limit, temperature, steps and evaluation (the records' samples,
@@ -174,7 +174,7 @@ def from_config(overrides: list[str]) -> list[str]:
     from experiments.math.model import PRETRAINED
     from experiments.math.train import family_set_name, validate
 
-    cfg = compose(overrides)
+    cfg = compose(overrides) if cfg is None else cfg
     settings, loop = validate(cfg)
     model, data = cfg.model, cfg.data
     name = model.path or (PRETRAINED[model.name].hub if model.name in PRETRAINED else model.name)
@@ -221,7 +221,7 @@ class SuiteRun:
     heldout: list[dict]
 
 
-def suite_run(overrides: list[str], a: argparse.Namespace) -> SuiteRun:
+def suite_run(overrides: list[str], a: argparse.Namespace, cfg) -> SuiteRun:
     """The suite's run folder of a study config run through TRL: under the study's root (runs/math-<scale>/<model>)
     beside the base run it starts from, named as the study's own loop would name the run plus `_trl`; the config it
     records is the study's, with trainer: trl and this script's arguments. The base run must be finished (make runs
@@ -229,7 +229,6 @@ def suite_run(overrides: list[str], a: argparse.Namespace) -> SuiteRun:
     from experiments.math.train import base_config, load_problems, validate
     from sera.lm_study import base_path, run_name, study_root
 
-    cfg = compose(overrides)
     settings, _ = validate(cfg)
     default = study_default(overrides)
     root = study_root(cfg, cfg.model.name)
@@ -244,13 +243,14 @@ def main(argv=None) -> SERAGRPOTrainer:
     from datasets import Dataset
 
     argv = list(argv) if argv is not None else None
-    overrides = None
+    overrides, cfg = None, None
     if argv is not None and "--from-config" in argv:  # the rest: config overrides, then this script's own flags
         at = argv.index("--from-config")
         rest = argv[at + 1 :]
         own = next((i for i, x in enumerate(rest) if x.startswith("--")), len(rest))
         overrides = rest[:own]
-        argv = argv[:at] + from_config(overrides) + rest[own:]
+        cfg = compose(overrides)  # once: the script's arguments, the memory plan and the run folder all read it
+        argv = argv[:at] + from_config(overrides, cfg) + rest[own:]
     a = arguments(argv)
     processes = int(os.environ.get("WORLD_SIZE", 1))
     a.grad_accum = grad_accum(a.prompts * a.n0, processes, a.micro_rows, a.grad_accum)
@@ -260,12 +260,12 @@ def main(argv=None) -> SERAGRPOTrainer:
     if overrides is not None and not a.cpu:  # on a GPU: the launch's memory plan must fit (sera.plan)
         from sera.plan import check_trl_fits
 
-        check_trl_fits(compose(overrides), processes, rows)
+        check_trl_fits(cfg, processes, rows)
     suite = None
     if a.run_dir is not None:
         if overrides is None:
             raise ValueError("--run-dir writes the run as a study config's: it needs --from-config")
-        suite = suite_run(overrides, a)
+        suite = suite_run(overrides, a, cfg)
         from sera.runlog import finished_summary
 
         if finished_summary(suite.path, suite.config) is not None:
