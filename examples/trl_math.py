@@ -17,7 +17,7 @@ N held-out problems every K steps (mean reward of --n0 samples each, MaxRL's los
 `--save-every K` checkpoints and `--resume` continues from the last checkpoint in --output-dir (SERA's historical
 p_hat included), `--report-to wandb` logs there. `--from-config OVERRIDES` takes a study config's settings
 (`from_config`); with `--run-dir auto` the run starts from the study's base run and is written as the suite's run
-folder beside it (`suite_run`, sera.trl.RunFolderCallback), evaluated by the per-question records only. Settings
+folder beside it (`suite_folder`, sera.trl.RunFolderCallback), evaluated by the per-question records only. Settings
 not given here are GRPOConfig's; the defaults below are the MaxRL authors' Qwen settings where the SERA paper is
 silent (docs/design.md section 5).
 """
@@ -118,8 +118,8 @@ def load(a, suite=None) -> tuple:
         if suite is not None:  # RL starts from the study's SFT base model, saved in its folder
             from transformers import AutoModelForCausalLM
 
-            model, tokenizer = AutoModelForCausalLM.from_pretrained(suite.base), build_tokenizer()
-            return (str(suite.base) if a.vllm != "none" else model), tokenizer, problems, heldout
+            model, tokenizer = AutoModelForCausalLM.from_pretrained(suite.folder.base), build_tokenizer()
+            return (str(suite.folder.base) if a.vllm != "none" else model), tokenizer, problems, heldout
         model, tokenizer = build_from_scratch(a.model), build_tokenizer()
         if a.vllm != "none":  # vLLM loads the model by its path
             path = os.path.join(a.output_dir, "initial-model")
@@ -209,34 +209,59 @@ def from_config(overrides: list[str], cfg=None) -> list[str]:
 
 
 @dataclass
-class SuiteRun:
+class SuiteFolder:
     """Where and as what a TRL run of a study config is written (RunFolderCallback): its folder, the config it
-    records, the base model run it starts from, the study's method settings and its own problems."""
+    records, the base model run it starts from, TRL's checkpoints, and whether the folder holds the finished run."""
 
     path: Path
     config: dict
     base: Path
+    output_dir: str
+    finished: bool
+
+    @property
+    def resume(self) -> bool:
+        """An interrupted run resumes from TRL's last checkpoint."""
+        return any(Path(self.output_dir).glob("checkpoint-*"))
+
+
+def suite_folder(cfg, overrides: list[str], a: argparse.Namespace, study: str, root: Path, base_config,
+                 settings) -> SuiteFolder:  # fmt: skip
+    """The suite's run folder of a study config run through TRL (this script and examples/trl_maze.py): under the
+    study's `root` beside the base run it starts from (`base_config`: the study's base run config), named as the
+    study's own loop would name the run plus `_trl` (--run-dir auto); the config it records is the study's, with
+    trainer: trl and the script's arguments. The base run must be finished (make runs it first)."""
+    from sera.lm_study import base_path, run_name
+    from sera.runlog import finished_summary
+
+    default = study_default(overrides, study)
+    base = base_path(root, cfg, base_config, default)
+    path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
+    require_base(base, f"python -m experiments.{study}.train run.base_only=true {' '.join(overrides)}")
+    config = recorded_config(cfg, a)
+    output_dir = a.output_dir or str(path / "trainer")
+    return SuiteFolder(path, config, base, output_dir, finished_summary(path, config) is not None)
+
+
+@dataclass
+class SuiteRun:
+    """A math study config run through TRL: its run folder, the study's method settings and its own problems."""
+
+    folder: SuiteFolder
     settings: object
     problems: list[dict]
     heldout: list[dict]
 
 
 def suite_run(overrides: list[str], a: argparse.Namespace, cfg) -> SuiteRun:
-    """The suite's run folder of a study config run through TRL: under the study's root (runs/math-<scale>/<model>)
-    beside the base run it starts from, named as the study's own loop would name the run plus `_trl`; the config it
-    records is the study's, with trainer: trl and this script's arguments. The base run must be finished (make runs
-    it first: `python -m experiments.math.train run.base_only=true ...`)."""
+    """The math study's run folder (runs/math-<scale>/<model>/<run>_trl, `suite_folder`) and problems."""
     from experiments.math.train import base_config, load_problems, validate
-    from sera.lm_study import base_path, run_name, study_root
+    from sera.lm_study import study_root
 
     settings, _ = validate(cfg)
-    default = study_default(overrides)
-    root = study_root(cfg, cfg.model.name)
-    base = base_path(root, cfg, base_config, default)
-    path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
-    require_base(base, f"python -m experiments.math.train run.base_only=true {' '.join(overrides)}")
+    folder = suite_folder(cfg, overrides, a, "math", study_root(cfg, cfg.model.name), base_config, settings)
     train, evals, _ = load_problems(cfg)
-    return SuiteRun(path, recorded_config(cfg, a), base, settings, train, evals[a.eval_name])
+    return SuiteRun(folder, settings, train, evals[a.eval_name])
 
 
 def main(argv=None) -> SERAGRPOTrainer:
@@ -266,14 +291,11 @@ def main(argv=None) -> SERAGRPOTrainer:
         if overrides is None:
             raise ValueError("--run-dir writes the run as a study config's: it needs --from-config")
         suite = suite_run(overrides, a, cfg)
-        from sera.runlog import finished_summary
-
-        if finished_summary(suite.path, suite.config) is not None:
-            print(f"{suite.path} holds this finished run: skipped")
+        if suite.folder.finished:
+            print(f"{suite.folder.path} holds this finished run: skipped")
             return None
-        a.records = str(suite.path)
-        a.output_dir = a.output_dir or str(suite.path / "trainer")
-        a.resume = a.resume or any(Path(a.output_dir).glob("checkpoint-*"))  # an interrupted run resumes
+        a.records, a.output_dir = str(suite.folder.path), suite.folder.output_dir
+        a.resume = a.resume or suite.folder.resume
     a.output_dir = a.output_dir or os.path.join(tempfile.gettempdir(), "sera-trl-math")
     model, tokenizer, problems, heldout = load(a, suite)
     if tokenizer is None:
@@ -319,7 +341,7 @@ def main(argv=None) -> SERAGRPOTrainer:
     if suite is not None:
         from sera.trl import RunFolderCallback
 
-        folder = RunFolderCallback(suite.path, suite.config, suite.base)
+        folder = RunFolderCallback(suite.folder.path, suite.folder.config, suite.folder.base)
         callbacks.append(folder)
     if a.records:
         if not heldout:

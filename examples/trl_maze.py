@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
-from examples.trl_math import check_same_method, compose, grad_accum, recorded_config, require_base, study_default
+from examples.trl_math import check_same_method, compose, grad_accum, suite_folder
 from sera.trl import SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
 
 LOSS_TYPES = {"token-mean": "dapo", "seqnorm": "dr_grpo"}  # the suite's aggregation -> TRL's loss type
@@ -53,8 +52,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
     from experiments.maze import task as maze
     from experiments.maze.model import build_model, build_tokenizer
     from experiments.maze.train import base_run_config, make_task, validate
-    from sera.lm_study import base_path, run_name, study_root
-    from sera.runlog import finished_summary
+    from sera.lm_study import study_root
     from sera.trl import RecordsCallback, RunFolderCallback
 
     overrides, a = arguments(list(sys.argv[1:] if argv is None else argv))
@@ -63,17 +61,10 @@ def main(argv=None) -> SERAGRPOTrainer | None:
     if cfg.task.pool_size is None:
         raise ValueError("TRL trains on a dataset: the maze needs a fixed pool (task.pool_size=N, a multiple of B)")
     a.vllm = a.vllm or ("colocate" if cfg.engine == "vllm" else "none")
-    default = study_default(overrides, "maze")
-    root = study_root(cfg)
-    base = base_path(root, cfg, base_run_config, default)
-    path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
-    require_base(base, f"python -m experiments.maze.train run.base_only=true {' '.join(overrides)}")
-    config = recorded_config(cfg, a)
-    if finished_summary(path, config) is not None:
-        print(f"{path} holds this finished run: skipped")
+    suite = suite_folder(cfg, overrides, a, "maze", study_root(cfg), base_run_config, settings)
+    if suite.finished:
+        print(f"{suite.path} holds this finished run: skipped")
         return None
-    output_dir = a.output_dir or str(path / "trainer")
-    resume = any(Path(output_dir).glob("checkpoint-*"))  # an interrupted run resumes
 
     processes = int(os.environ.get("WORLD_SIZE", 1))
     a.grad_accum = grad_accum(cfg.train.batch_size * cfg.n0, processes, a.micro_rows, a.grad_accum)
@@ -86,7 +77,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
 
         check_trl_fits(cfg, processes, rows)
     task, tokenizer = make_task(cfg), build_tokenizer()
-    model = str(base) if a.vllm != "none" else build_model(cfg.model.name, str(base))  # vLLM loads by path
+    model = str(suite.base) if a.vllm != "none" else build_model(cfg.model.name, str(suite.base))  # vLLM loads by path
     pool = range(cfg.task.pool_size)
     prompts = [" ".join(maze.VOCAB[t] for t in maze.encode_prompt(task.train_grid(i))) for i in pool]
     dataset = Dataset.from_dict({"prompt": prompts, "prompt_id": list(pool)})
@@ -101,7 +92,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
                      active_threshold=settings.threshold, pilot_m=settings.pilot_m if settings.estimator == "pilot"
                      else None)  # fmt: skip
     args = SERAGRPOConfig(
-        output_dir=output_dir, method=cfg.method.name, num_generations=cfg.n0, per_device_train_batch_size=rows,
+        output_dir=suite.output_dir, method=cfg.method.name, num_generations=cfg.n0, per_device_train_batch_size=rows,
         gradient_accumulation_steps=a.grad_accum, loss_type=LOSS_TYPES[settings.aggregation], learning_rate=optim.lr,
         lr_scheduler_type="constant_with_warmup", warmup_steps=optim.warmup_steps, weight_decay=optim.weight_decay,
         adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_epsilon=optim.eps, max_grad_norm=optim.grad_clip,
@@ -113,14 +104,14 @@ def main(argv=None) -> SERAGRPOTrainer | None:
         **activation_checkpointing(not a.cpu), **alloc,
     )  # fmt: skip
     check_same_method(args.sera_settings(), settings)
-    folder = RunFolderCallback(path, config, base)
-    records = RecordsCallback(path, task, every=cfg.eval.every, samples=loop.eval_samples, ks=loop.eval_ks,
+    folder = RunFolderCallback(suite.path, suite.config, suite.base)
+    records = RecordsCallback(suite.path, task, every=cfg.eval.every, samples=loop.eval_samples, ks=loop.eval_ks,
                               max_new_tokens=cfg.max_new_tokens, temperature=loop.eval_temperature,
                               top_p=loop.eval_top_p, seed=cfg.seed,
                               max_rollouts_per_call=loop.eval_max_rollouts_per_call, folder=folder)  # fmt: skip
     trainer = SERAGRPOTrainer(model=model, reward_funcs=maze_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[folder, records])  # fmt: skip
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    trainer.train(resume_from_checkpoint=True if suite.resume else None)
     return trainer
 
 

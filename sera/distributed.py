@@ -3,7 +3,8 @@
 Every helper is a no-op or the identity outside torch.distributed (one process), so the single-process path runs the
 same code. `all_gather` (any picklable object, rank order), `shard` (this rank's items, i mod world), `gather_grouped`
 (per-rollout values of every rank's prompts, back in grouped order), `sum_over_ranks` (gradients and losses), and
-FSDP2 (train.parallel=fsdp2): `shard_model`, `full_state` and `load_full_state` (checkpoints hold the gathered state).
+FSDP2 (train.parallel=fsdp2): `shard_model`, `full_state` and `load_full_state` (checkpoints hold the gathered state),
+`gathered_state` (the whole weights on every rank: vLLM's sync, TRL's records).
 Checked on CPU processes over gloo (tests); only a GPU run can confirm NCCL and FSDP2's memory saving.
 """
 
@@ -104,6 +105,12 @@ def full_state(model, optimizer) -> tuple[dict, dict]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def gathered_state(model) -> dict:
+    """The model's state dict with every FSDP2 DTensor gathered to a full tensor on this rank (a collective when
+    sharded: every rank calls it); detached, and the plain state dict of an unsharded model."""
+    return {k: getattr(v, "full_tensor", lambda v=v: v)().detach() for k, v in model.state_dict().items()}
 
 
 def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict) -> None:

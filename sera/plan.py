@@ -114,25 +114,30 @@ def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, res
     )
 
 
-def plan_of(cfg, gpus: int, gpu_gb: float, prompt_tokens: int = 512) -> Plan | None:
-    """The plan of a composed LM config (None for a model without an entry in ARCHS: the CPU studies' tiny ones)."""
+def plan_of(cfg, gpus: int, gpu_gb: float, prompt_tokens: int = 512, **route) -> Plan | None:
+    """The plan of a composed LM config (None for a model without an entry in ARCHS: the CPU studies' tiny ones).
+    `route` replaces what the config says about how the suite's loop trains (micro_batch, sharded, vllm_share, chunk,
+    checkpointing): another trainer's settings, as plan_trl passes them."""
     model = cfg.get("model", {})
     arch = ARCHS.get(model.get("name"))
     if arch is None:
         return None
     train = cfg.train
+    suite = dict(
+        micro_batch=int(train.micro_batch_rollouts or 0),
+        sharded=train.get("parallel", "ddp") == "fsdp2",
+        vllm_share=float(cfg.vllm.gpu_memory_utilization) if cfg.get("engine") == "vllm" else 0.0,
+        chunk=train.get("logprob_chunk"),
+    )
     return plan(
         arch,
         rollouts=int(train.batch_size) * int(cfg.n0),
-        micro_batch=int(train.micro_batch_rollouts or 0),
         prompt_tokens=prompt_tokens,
         response_tokens=int(cfg.max_new_tokens),
         gpus=gpus,
         gpu_gb=gpu_gb,
-        sharded=train.get("parallel", "ddp") == "fsdp2",
         autocast="bfloat16" if model.get("dtype") == "bfloat16" else None,
-        vllm_share=float(cfg.vllm.gpu_memory_utilization) if cfg.get("engine") == "vllm" else 0.0,
-        chunk=train.get("logprob_chunk"),
+        **{**suite, **route},
     )
 
 
@@ -144,16 +149,9 @@ def plan_trl(cfg, gpus: int, gpu_gb: float, micro_rows: int, sharded: bool, prom
     scales launch): `micro_rows` rows a device micro-batch (--micro-rows), activation checkpointing (TRL's default
     on GPUs), ZeRO-3 or FSDP2 when `sharded`, float32 weights with bf16 autocast when model.dtype=bfloat16, and
     vLLM colocate's share (TRL's default 0.3) where the config generates with vLLM. None for a CPU model."""
-    model = cfg.get("model", {})
-    arch = ARCHS.get(model.get("name"))
-    if arch is None:
-        return None
-    return plan(
-        arch, rollouts=int(cfg.train.batch_size) * int(cfg.n0), micro_batch=micro_rows, prompt_tokens=prompt_tokens,
-        response_tokens=int(cfg.max_new_tokens), gpus=gpus, gpu_gb=gpu_gb, sharded=sharded,
-        autocast="bfloat16" if model.get("dtype") == "bfloat16" else None,
-        vllm_share=TRL_VLLM_SHARE if cfg.get("engine") == "vllm" else 0.0, checkpointing=True,
-    )  # fmt: skip
+    vllm_share = TRL_VLLM_SHARE if cfg.get("engine") == "vllm" else 0.0
+    return plan_of(cfg, gpus, gpu_gb, prompt_tokens, micro_batch=micro_rows, sharded=sharded, vllm_share=vllm_share,
+                   chunk=None, checkpointing=True)  # fmt: skip
 
 
 def launched_sharded() -> bool:
@@ -175,25 +173,27 @@ def check_trl_fits(cfg, gpus: int, micro_rows: int) -> None:
     if not torch.cuda.is_available():
         return
     gpu_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
-    p = plan_trl(cfg, gpus, gpu_gb, micro_rows, launched_sharded())
+    refuse_unless_fits(
+        plan_trl(cfg, gpus, gpu_gb, micro_rows, launched_sharded()), "this TRL launch", gpu_gb,
+        "--micro-rows, set model.dtype=bfloat16, or shard with ACCELERATE_CONFIG=configs/accelerate/zero3.yaml",
+    )  # fmt: skip
+
+
+def refuse_unless_fits(p: Plan | None, what: str, gpu_gb: float, lower: str) -> None:
+    """Raise, saying each part of the plan and what to lower, when a plan does not fit the GPU (None: no plan)."""
     if p is not None and not p.fits:
         detail = "; ".join(f"{name}: {value}" for name, value in p.rows())
         raise ValueError(
-            f"this TRL launch needs about {p.total:.0f} GB a GPU and the GPU has {gpu_gb:.0f} GB ({detail}). Lower "
-            "--micro-rows, set model.dtype=bfloat16, or shard with ACCELERATE_CONFIG=configs/accelerate/zero3.yaml"
+            f"{what} needs about {p.total:.0f} GB a GPU and the GPU has {gpu_gb:.0f} GB ({detail}). Lower {lower}"
         )
 
 
 def check_fits(cfg, gpus: int, gpu_gb: float) -> None:
     """Refuse, before any work, a run whose plan does not fit the GPU; say what to lower."""
-    p = plan_of(cfg, gpus, gpu_gb)
-    if p is not None and not p.fits:
-        detail = "; ".join(f"{name}: {value}" for name, value in p.rows())
-        raise ValueError(
-            f"this run needs about {p.total:.0f} GB a GPU and the GPU has {gpu_gb:.0f} GB ({detail}). Lower "
-            "train.micro_batch_rollouts, set model.dtype=bfloat16, shard with train.parallel=fsdp2, or train through "
-            "SERA inside TRL (docs/paper-scale.md)"
-        )
+    refuse_unless_fits(
+        plan_of(cfg, gpus, gpu_gb), "this run", gpu_gb, "train.micro_batch_rollouts, set model.dtype=bfloat16, shard "
+        "with train.parallel=fsdp2, or train through SERA inside TRL (docs/paper-scale.md)",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

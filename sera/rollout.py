@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sera.distributed import gathered_state
+
 
 @dataclass
 class Rollouts:
@@ -546,7 +548,7 @@ class VLLMEngine:
     def sync_weights(self, model) -> None:
         """Copy the training model's weights into the vLLM workers (called after every optimizer step)."""
         # a sharded (FSDP2) model's parameters are gathered first: a collective, every rank syncs its own engine
-        state = {k: getattr(v, "full_tensor", lambda v=v: v)().detach() for k, v in model.state_dict().items()}
+        state = gathered_state(model)
 
         def load(worker):
             # reload_weights, not model.load_weights: the CPU backend prepacks its matmul weights, whose parameters

@@ -43,6 +43,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sera.advantages import ADVANTAGES
 from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics
+from sera.distributed import gathered_state
 from sera.estimation import P_HI, P_LO, BetaHistory, HistoricalEstimator
 from sera.methods import MethodSettings, Study
 
@@ -584,7 +585,7 @@ def _eval_mode(model):
 def whole_copy(model) -> torch.nn.Module:
     """An unsharded copy of an FSDP2-sharded Hugging Face model on this process, in eval mode: the full state dict
     (every DTensor gathered: a collective, so every process calls it) loaded into a model built from its config."""
-    state = {k: getattr(v, "full_tensor", lambda v=v: v)().detach() for k, v in model.state_dict().items()}
+    state = gathered_state(model)
     first = next(iter(state.values()))
     whole = transformers.AutoModelForCausalLM.from_config(model.config, dtype=first.dtype).to(first.device)
     whole.load_state_dict(state)
