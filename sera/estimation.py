@@ -23,6 +23,16 @@ def pilot_p_hat(successes, m: int, lo: float = P_LO, hi: float = P_HI) -> np.nda
     return np.clip(successes / m, lo, hi)
 
 
+def outcomes(ids, successes, counts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step's outcomes for a history: one prompt id, success count and rollout count per group trained on. Raises
+    ValueError when their lengths differ (numpy would broadcast a single group's outcome over every id)."""
+    ids, successes, counts = np.asarray(ids), np.asarray(successes), np.asarray(counts)
+    if not ids.ndim == successes.ndim == counts.ndim == 1 or not ids.size == successes.size == counts.size:
+        raise ValueError(f"one prompt id per group: got ids {ids.shape}, successes {successes.shape}, counts "
+                         f"{counts.shape}")  # fmt: skip
+    return ids, successes, counts
+
+
 class HistoricalEstimator:
     """Historical estimate (m = 0): p_hat = the prompt's success rate the last time it was trained on, clipped.
 
@@ -58,9 +68,9 @@ class HistoricalEstimator:
 
     def update(self, ids, successes, counts) -> None:
         """Record the step's outcome: successes (B,) out of counts (B,) rollouts for prompt ids (B,)."""
-        successes = np.asarray(successes, dtype=np.float64)
-        counts = np.asarray(counts)
-        self.last_rate[np.asarray(ids)] = successes / counts
+        ids, successes, counts = outcomes(ids, successes, counts)
+        successes = successes.astype(np.float64)
+        self.last_rate[ids] = successes / counts
         self.total_successes += float(successes.sum())
         self.total_rollouts += int(counts.sum())
 
@@ -151,7 +161,7 @@ class BetaHistory:
         """Record outcomes for the next boundary: successes (B,) out of counts (B,) rollouts of prompt ids (B,)."""
         if self.epoch < 0:
             raise RuntimeError("BetaHistory.start_epoch must be called before the first update")
-        ids, successes, counts = np.asarray(ids), np.asarray(successes), np.asarray(counts)
+        ids, successes, counts = outcomes(ids, successes, counts)
         if np.any(successes < 0) or np.any(successes > counts):
             raise ValueError("successes must lie in [0, counts]")
         np.add.at(self.pending_successes, ids, successes.astype(np.int64))

@@ -300,7 +300,8 @@ class SERAGRPOTrainer(GRPOTrainer):
         collected = collect(self.sera, batch, draw, p_hat_source)
         self._generations += 1
         if self._history is not None:
-            self._history.update(ids, collected.successes, collected.counts)
+            # the groups trained on: the authors' active set leaves some prompts out, with no rollouts
+            self._history.update(ids[collected.prompts], collected.successes, collected.counts)
 
         # The rows of the step in TRL's order: process r holds its share of every draw, draws in call order.
         offsets = np.cumsum([0] + [d.share * world for d in draws])

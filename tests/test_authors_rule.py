@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from sera.allocation import active_waterline, active_weights, mixed_probability, scale_factor, waterline
-from sera.estimation import BetaHistory
+from sera.estimation import BetaHistory, HistoricalEstimator
 
 DATA = Path(__file__).parent / "data"
 REFERENCE = json.loads((DATA / "authors_sera" / "reference.json").read_text())
@@ -176,3 +176,19 @@ def test_the_beta_history_resumes_from_its_state_to_the_same_estimates():
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="prior and discount"):
         BetaHistory(20, 0.5, 0.5, 0.5).load_state_dict(first.state_dict())
+
+
+@pytest.mark.parametrize("make", [BetaHistory, HistoricalEstimator])
+def test_a_history_refuses_outcomes_that_do_not_match_their_ids(make):
+    """One outcome per prompt id: a step that trained on fewer groups than it names ids for (the active set left
+    prompts out) is refused, where numpy would add one group's outcome to every id."""
+    history = make(4)
+    if isinstance(history, BetaHistory):
+        history.advance_to(0)
+    with pytest.raises(ValueError, match="one prompt id per group"):
+        history.update(np.arange(4), np.array([3]), np.array([8]))
+    history.update(np.array([2]), np.array([3]), np.array([8]))  # the group trained on, under its own id
+    if isinstance(history, BetaHistory):
+        assert history.pending_successes.tolist() == [0, 0, 3, 0] and history.pending_failures.tolist() == [0, 0, 5, 0]
+    else:
+        assert history.last_rate[2] == 3 / 8 and history.total_rollouts == 8

@@ -378,6 +378,34 @@ def test_the_authors_rule_reads_the_beta_history_by_epoch_and_resumes(tmp_path):
     check_epoch_one(*resumed)
 
 
+def test_the_authors_rule_records_only_the_prompts_it_drew(tmp_path):
+    """A prompt the active set leaves out gets no rollouts, and the Beta history adds each step's outcomes to the
+    prompts that had them: after epoch 1 (steps 3-4, prompt 0 made hopeless from then on), each prompt's pending
+    successes and failures are those of its rows in TRL's batches, and prompt 0 has none."""
+    data = trl_toy.dataset(size=8)
+    args = trl_toy.config(tmp_path, method="sera", max_steps=4, remove_unused_columns=False)
+    run = trl_toy.trainer(args, data)
+    steps, capture, history = trl_toy.recorded_steps(run), trl_toy.Capture(run), run._history
+    estimate = history.estimate
+
+    def hopeless_from_epoch_one(ids):
+        p = estimate(ids)
+        p[(np.asarray(ids) == 0) & (history.epoch >= 1)] = 1e-6  # P(a mixed group of 32) about 3e-5: left out
+        return p
+
+    history.estimate = hopeless_from_epoch_one
+    run.train()
+    successes, failures = np.zeros(8), np.zeros(8)
+    for step, (_, rows) in zip(steps[2:], capture.batches[2:], strict=True):
+        for reward, row in zip(step.rewards, rows, strict=True):
+            successes[row["prompt_id"]] += reward
+            failures[row["prompt_id"]] += 1 - reward
+    assert [s.counts.size for s in steps[2:]] in ([3, 4], [4, 3])  # groups trained on: prompt 0 left out of its step
+    assert successes[0] == failures[0] == 0
+    np.testing.assert_array_equal(history.pending_successes, successes)
+    np.testing.assert_array_equal(history.pending_failures, failures)
+
+
 @pytest.mark.slow
 def test_launch_script_takes_a_study_config(tmp_path):
     """--from-config: the math study's config (here its smoke scale) becomes the script's arguments (model, template,
