@@ -14,7 +14,7 @@ The problems come from the math study (`experiments/math/data.py`: a registry sl
 `--vllm colocate` inside each training process (on the CPU in .venv-vllm, `make install-vllm`: a from-scratch model is
 saved under --output-dir first, since vLLM loads a model by its path). `--eval-problems N --eval-every K` evaluates
 N held-out problems every K steps (mean reward of --n0 samples each, MaxRL's loss on TRL's uniform groups),
-`--save-every K` checkpoints and `--resume` continues from the last checkpoint in --output-dir (SERA's historical
+`--save-every K` checkpoints (the last one kept) and `--resume` continues from it in --output-dir (SERA's historical
 p_hat included), `--report-to wandb` logs there. `--from-config OVERRIDES` takes a study config's settings
 (`from_config`); with `--run-dir auto` the run starts from the study's base run and is written as the suite's run
 folder beside it (`suite_folder`, sera.trl.RunFolderCallback), evaluated by the per-question records only. Settings
@@ -333,7 +333,7 @@ def main(argv=None) -> SERAGRPOTrainer:
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
         use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
         logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, trl_eval),
-        save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
+        save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500, save_total_limit=1,
     )  # fmt: skip
     if suite is not None:
         check_same_method(args.sera_settings(), suite.settings)

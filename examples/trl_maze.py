@@ -101,6 +101,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
         vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=cfg.model.get("dtype") == "bfloat16",
         use_cpu=a.cpu, seed=cfg.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
         logging_steps=1, remove_unused_columns=False, save_strategy="steps", save_steps=cfg.run.checkpoint_every,
+        save_total_limit=1,
         **activation_checkpointing(not a.cpu), **alloc,
     )  # fmt: skip
     check_same_method(args.sera_settings(), settings)
