@@ -68,6 +68,12 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--vllm", default="none", choices=["none", "server", "colocate"])
     p.add_argument("--bf16", action="store_true")
+    p.add_argument(
+        "--eos-tokens",
+        default=None,
+        help="tokens that end a completion, comma-separated (default: the "
+        "model's and the tokenizer's; e.g. <|im_end|>,<|endoftext|> for a Qwen base model with qwen_math)",
+    )
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default=None, help="TRL's checkpoints (default: <run folder>/trainer with "
@@ -205,6 +211,9 @@ def from_config(overrides: list[str], cfg=None) -> list[str]:
         args += ["--vllm", "colocate"]
     if model.dtype == "bfloat16":
         args += ["--bf16"]
+    if model.eos_token is not None:  # a response ends at the first of these, in the base run as in this one
+        ends = [model.eos_token] if isinstance(model.eos_token, str) else list(model.eos_token)
+        args += ["--eos-tokens", ",".join(ends)]
     return args
 
 
@@ -317,8 +326,14 @@ def main(argv=None) -> SERAGRPOTrainer:
             }
         )
 
+    ends = [tokenizer.eos_token_id]  # a response ends at the first of these (--eos-tokens: the config's)
+    if a.eos_tokens:
+        from experiments.math.train import end_tokens
+
+        ends = end_tokens(a.eos_tokens.split(","), tokenizer, a.model)
+
     def math_verify(completions, answer, completion_ids, **kwargs):
-        cut = [len(ids) >= a.max_completion_length and ids[-1] != tokenizer.eos_token_id for ids in completion_ids]
+        cut = [len(ids) >= a.max_completion_length and ids[-1] not in ends for ids in completion_ids]
         return score_batch(completions, answer, cut).tolist()
 
     # TRL's own evaluation (mean reward of n0 samples, and a loss over the whole held-out batch at once, whose logits
@@ -332,7 +347,8 @@ def main(argv=None) -> SERAGRPOTrainer:
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
         use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
-        logging_steps=1, remove_unused_columns=False, **activation_checkpointing(not a.cpu), **evaluation(a, trl_eval),
+        logging_steps=1, remove_unused_columns=False, end_token_ids=ends if a.eos_tokens else None,
+        **activation_checkpointing(not a.cpu), **evaluation(a, trl_eval),
         save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500, save_total_limit=1,
     )  # fmt: skip
     if suite is not None:
@@ -349,9 +365,8 @@ def main(argv=None) -> SERAGRPOTrainer:
         from experiments.math.task import MathTask
         from sera.trl import RecordsCallback
 
-        eos = tokenizer.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        task = MathTask(tokenizer, a.template, (problems, {a.eval_name: heldout}, []), a.prompts, a.seed, eos, pad)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
+        task = MathTask(tokenizer, a.template, (problems, {a.eval_name: heldout}, []), a.prompts, a.seed, ends, pad)
         ks = [int(k) for k in a.record_ks.split(",")] if a.record_ks else [2**i for i in range(12)]
         ks = [k for k in ks if k <= a.record_samples]
         temperature = a.eval_temperature if a.eval_temperature is not None else a.temperature

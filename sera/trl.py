@@ -121,6 +121,11 @@ class SERAGRPOConfig(GRPOConfig):
         default="prompt_id",
         metadata={"help": "estimator=history or beta: the dataset column that identifies a prompt"},
     )
+    end_token_ids: list[int] | None = field(
+        default=None,
+        metadata={"help": "tokens that also end a completion, besides the model's and the tokenizer's end tokens "
+                  "(e.g. <|im_end|> for a base model prompted with a chat template)"},
+    )  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()
@@ -234,6 +239,21 @@ class SERAGRPOTrainer(GRPOTrainer):
         generation = getattr(self, "vllm_generation", None)
         if generation is not None and generation.mode == "colocate" and _vllm_on_cpu():
             generation.sync_weights = lambda: reload_colocated_weights(generation)
+        if self.args.end_token_ids:
+            self._end_completions_at(self.args.end_token_ids)
+
+    def _end_completions_at(self, token_ids: list[int]) -> None:
+        """Add end tokens to TRL's own (the model's generation config and the tokenizer's), which TRL reads from the
+        model only: generation stops at them (transformers' eos_token_id, vLLM's stop_token_ids) and the completion
+        mask ends at the first of them, as the suite's engines end a response at the first of model.eos_token."""
+        ends = list(dict.fromkeys([*self.eos_token_ids, *(int(t) for t in token_ids)]))
+        self.eos_token_ids = ends
+        generation = getattr(self, "vllm_generation", None)
+        if generation is not None:
+            generation.generation_kwargs = {**generation.generation_kwargs, "stop_token_ids": ends}
+        else:
+            self.generation_config.eos_token_id = ends
+            self.generation_kwargs["eos_token_id"] = ends
 
     # -----------------------------------------------------------------------------------------------------------
     # The step: TRL calls _generate_and_score_completions, which calls _generate, then _calculate_rewards.

@@ -280,7 +280,7 @@ def test_launch_script_runs_on_the_cpu(tmp_path, capsys):
     evaluated = [*common, "--eval-problems", "4", "--eval-every", "1", "--save-every", "1"]
     main([*evaluated, "--steps", "1"])
     trainer = main([*evaluated, "--steps", "2", "--resume"])
-    assert trainer.state.global_step == 2 and (tmp_path / "checkpoint-1").is_dir()
+    assert trainer.state.global_step == 2 and [c.name for c in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"]
     evaluations = [log for log in trainer.state.log_history if "eval_reward" in log]
     assert [log["step"] for log in evaluations] == [1, 2]  # step 1's evaluation was logged before the checkpoint
 
@@ -406,6 +406,15 @@ def test_the_authors_rule_records_only_the_prompts_it_drew(tmp_path):
     np.testing.assert_array_equal(history.pending_failures, failures)
 
 
+def test_extra_end_tokens_end_a_completion(tmp_path):
+    """end_token_ids (what examples/trl_math.py passes for a config's model.eos_token, e.g. Qwen's <|im_end|>):
+    generation stops at them and the completion mask ends at the first, as the suite's engines end a response."""
+    trl_toy.check_end_token(
+        trl_toy.completions_with_end_token(tmp_path / "end", end=True),
+        trl_toy.completions_with_end_token(tmp_path / "plain", end=False),
+    )
+
+
 @pytest.mark.slow
 def test_launch_script_takes_a_study_config(tmp_path):
     """--from-config: the math study's config (here its smoke scale) becomes the script's arguments (model, template,
@@ -416,6 +425,9 @@ def test_launch_script_takes_a_study_config(tmp_path):
     assert args[args.index("--prompts") + 1] == "3" and args[args.index("--n0") + 1] == "16"
     assert args[args.index("--method") + 1] == "sera_pilot" and args[args.index("--seed") + 1] == "3"
     assert args[args.index("--train") + 1] == "chain_sum" and args[args.index("--loss-type") + 1] == "dapo"
+    assert "--eos-tokens" not in args  # the tokenizer's end token, as the study's loop uses it
+    qwen = from_config(["scale=math/paper_qwen3", "method=sera"])  # the config's end tokens, as its base run's
+    assert qwen[qwen.index("--eos-tokens") + 1] == "<|im_end|>,<|endoftext|>"
     trainer = main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--steps", "1",
                     "--output-dir", str(tmp_path), "--micro-rows", "16"])  # fmt: skip
     assert trainer.state.global_step == 1 and trainer.last_step.counts.sum() == 3 * 16

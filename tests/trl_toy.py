@@ -290,6 +290,27 @@ def one_step(out_dir, method: str = "sera_pilot", loss_type: str = "dapo", vllm:
     }
 
 
+def completions_with_end_token(out_dir, end: bool, vllm: bool = False) -> list[list[int]]:
+    """The completions of one MaxRL step as TRL's loss sees them (the tokens its completion mask keeps), with the
+    letter "a" also ending a completion (end_token_ids) or not; vLLM colocate generates them when `vllm`."""
+    extra = dict(use_vllm=True, vllm_mode="colocate") if vllm else {}
+    args = config(out_dir, method="maxrl", end_token_ids=[VOCAB.index("a")] if end else None, **extra)
+    run = trainer(args, model_path=saved_model(out_dir / "toy-model") if vllm else None)
+    capture = Capture(run)
+    run.train()
+    output, _ = capture.batches[0]
+    return [ids[m.bool()].tolist() for ids, m in zip(output["completion_ids"], output["completion_mask"], strict=True)]
+
+
+def check_end_token(ended: list[list[int]], unended: list[list[int]]) -> None:
+    """With "a" an end token, a completion holds it only as its last token, and some end there; without, some hold it
+    before their end (so the check can fail)."""
+    a = VOCAB.index("a")
+    assert all(a not in ids[:-1] for ids in ended)
+    assert any(ids[-1] == a for ids in ended if ids)
+    assert any(a in ids[:-1] for ids in unended)
+
+
 def check_step(r: dict, method: str = "sera_pilot") -> None:
     """A step's checks (tests/trl_toy.one_step): the budget, one prompt per group, MaxRL x n0 / n_i, the gradient."""
     assert r["counts_sum"] == r["rows"] == r["budget"]  # B x n0 completions, as TRL counts them

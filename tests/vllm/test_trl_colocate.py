@@ -59,6 +59,14 @@ def vllm_and_model_logprobs(run, prompt: list[int]) -> tuple[torch.Tensor, torch
     return reported, computed
 
 
+def test_extra_end_tokens_end_a_completion_with_vllm_colocate(tmp_path):
+    """end_token_ids reach vLLM as stop_token_ids: a completion stops at the first of them."""
+    trl_toy.check_end_token(
+        trl_toy.completions_with_end_token(tmp_path / "end", end=True, vllm=True),
+        trl_toy.completions_with_end_token(tmp_path / "plain", end=False, vllm=True),
+    )
+
+
 def test_weight_sync_after_an_optimizer_step(tmp_path):
     """After a step the colocated vLLM still holds the old weights; TRL's sync (sera.trl.reload_colocated_weights on
     the CPU) gives it the trained ones, the tied output embedding included. TRL starts vLLM in bfloat16 on the CPU
