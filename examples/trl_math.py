@@ -346,6 +346,7 @@ def main(argv=None) -> SERAGRPOTrainer:
         learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=a.grad_clip,
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
+        vllm_importance_sampling_correction=False,  # the suite's loss on vLLM's samples, as its own loop computes it
         use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
         logging_steps=1, remove_unused_columns=False, end_token_ids=ends if a.eos_tokens else None,
         **activation_checkpointing(not a.cpu), **evaluation(a, trl_eval),

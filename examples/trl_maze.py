@@ -99,6 +99,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         max_steps=cfg.train.steps, beta=0.0, use_vllm=a.vllm != "none",
         vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=cfg.model.get("dtype") == "bfloat16",
+        vllm_importance_sampling_correction=False,  # the suite's loss on vLLM's samples, as its own loop computes it
         use_cpu=a.cpu, seed=cfg.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
         logging_steps=1, remove_unused_columns=False, save_strategy="steps", save_steps=cfg.run.checkpoint_every,
         save_total_limit=1,

@@ -466,6 +466,7 @@ def test_a_study_config_through_trl_is_a_run_folder_the_tables_read(tmp_path, ca
         path = root / folder
         assert trainer.state.global_step == 4 and (path / DONE_FILE).exists()
         assert [c.name for c in (path / "trainer").glob("checkpoint-*")] == ["checkpoint-4"]  # the last one kept
+        assert trainer.args.vllm_importance_sampling_correction is False  # the suite's loss, with vLLM too
         assert not any("eval_reward" in log for log in trainer.state.log_history)  # the records evaluate, not TRL
         config = yaml.safe_load((path / "config.yaml").read_text())
         assert config["trainer"] == "trl" and config["method"]["name"] == method and config["trl"]["n0"] == 16
@@ -545,6 +546,7 @@ def test_the_maze_through_trl_is_a_run_folder_the_tables_read(tmp_path):
         path = Path(trainer.args.output_dir).parent
         assert path.name.endswith("_seed-0_trl") and trainer.state.global_step == 4 and (path / DONE_FILE).exists()
         assert [c.name for c in (path / "trainer").glob("checkpoint-*")] == ["checkpoint-4"]  # the last one kept
+        assert trainer.args.vllm_importance_sampling_correction is False  # the suite's loss, with vLLM too
         assert yaml.safe_load((path / "config.yaml").read_text())["trainer"] == "trl"
         assert json.loads((path / BASE_FILE).read_text()) == base_identity(base)
         record = json.loads((path / eval_record_file(4, "heldout")).read_text())
