@@ -20,9 +20,9 @@ may span processes: the rows are relabelled in place with the prompt each one be
 are gathered before the next. Advantages are computed on the true groups by `sera.advantages` (MaxRL), times SERA's
 multiplicity weight n0 / n_i, and folded into TRL's per-row advantage; TRL's loss then gives the suite's
 aggregation for the supported loss types (`LOSS_AGGREGATION`; with vLLM, once TRL's importance-sampling correction
-`vllm_importance_sampling_correction` is off, as the suite's scripts set it). TRL's group statistics (`frac_reward_zero_std`, the
-logged advantages) are recomputed on the true groups, and the step logs the suite's `alloc/*` metrics (budget, the
-counts' range, p_hat's range, the waterline level tau).
+`vllm_importance_sampling_correction` is off, as the suite's scripts set it). TRL's group statistics
+(`frac_reward_zero_std`, the logged advantages) are recomputed on the true groups, and the step logs the suite's
+`alloc/*` metrics (budget, the counts' range, p_hat's range, the waterline level tau).
 
 The trainer overrides private methods of GRPOTrainer (`_generate`, `_calculate_rewards`,
 `_generate_and_score_completions`), which change in most minor TRL releases, so it refuses any TRL but 1.16.
