@@ -234,7 +234,7 @@ reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=pape
 	$(ARCHIVE) restore --folder maze-$(SCALE)
 	$(call LEVEL,maze-$(SCALE)) $(TRL_BIN)/python -m experiments.maze.train --multirun threads=1 scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=maxrl run.base_only=true seed=$(call seeds,$(MAZE_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MAZE_SEEDS)) | tr ',' ' '); do \
-		$(call TRL_LAUNCH,$(ACCELERATE_CONFIG)) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu,--micro-rows $(MAZE_TRL_MICRO_ROWS)) || exit 1; done; done
+		$(call TRL_LAUNCH,$(or $(ACCELERATE_CONFIG),$(if $(filter paper,$(SCALE)),$(ACCELERATE_DDP)))) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu,--micro-rows $(MAZE_TRL_MICRO_ROWS)) || exit 1; done; done
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
@@ -279,7 +279,8 @@ endif
 # DONE), which the tables read. MaxRL and SERA only (token-mean): GRPO, PKPO and DARS-HW have no TRL path here.
 # The accelerate config: ACCELERATE_CONFIG= (configs/accelerate/zero3.yaml or fsdp2.yaml), else the model's default
 # below (ZeRO-3 for Qwen3-4B, whose float32 weights and AdamW state do not fit one 80 GB GPU beside vLLM), else
-# accelerate's data parallelism (docs/paper-scale.md).
+# data parallelism (configs/accelerate/ddp.yaml, given so that a user's accelerate default does not apply;
+# docs/paper-scale.md).
 GPUS_TRL ?= 8
 # rows of a device micro-batch at paper scale (--micro-rows): 4 rows of 2048 tokens keep a micro-batch's logits at
 # about 4 GB (SmolLM2's 49,152-token vocabulary) to 12 GB (Qwen's 151,936) in bf16 and float32 copies
@@ -289,7 +290,8 @@ ACCELERATE_qwen3-4b-base := configs/accelerate/zero3.yaml
 TRL_BIN = $(if $(filter paper,$(SCALE)),$(GPU_VENV),$(VENV))/bin
 TRL_LAUNCH = $(TRL_BIN)/accelerate launch --num_processes $(GPUS_TRL) $(if $(1),--config_file $(1)) \
 	$(if $(filter smoke,$(SCALE)),--cpu)
-TRL_RUN = $(call TRL_LAUNCH,$(or $(ACCELERATE_CONFIG),$(if $(filter paper,$(SCALE)),$(ACCELERATE_$(MODEL))))) \
+ACCELERATE_DDP := configs/accelerate/ddp.yaml
+TRL_RUN = $(call TRL_LAUNCH,$(or $(ACCELERATE_CONFIG),$(if $(filter paper,$(SCALE)),$(or $(ACCELERATE_$(MODEL)),$(ACCELERATE_DDP))))) \
 	-m examples.trl_math --from-config scale=$(MATH_SCALE)
 reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper runs): SCALE=paper MODEL=... MATH_SEEDS= SERA= GPUS_TRL=8 (SCALE=smoke GPUS_TRL=1: a CPU check, about 1 min)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }

@@ -215,7 +215,8 @@ def test_the_maze_paper_scale_runs_through_trl_into_run_folders_the_tables_read(
 
 def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accelerate_reads():
     """MODEL=qwen3-4b-base at SCALE=paper: the launch takes configs/accelerate/zero3.yaml (ACCELERATE_CONFIG= wins);
-    both shipped accelerate configs load with accelerate's own reader as DeepSpeed ZeRO-3 and FSDP2."""
+    the other models and the maze take configs/accelerate/ddp.yaml; the shipped accelerate configs load with
+    accelerate's own reader as DeepSpeed ZeRO-3, FSDP2 and data parallelism."""
     from accelerate.commands.config.config_args import load_config_from_file
 
     (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper", "MODEL=qwen3-4b-base") if "launch" in line]
@@ -226,8 +227,14 @@ def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accel
     (launch,) = [line for line in fsdp if "launch" in line]
     assert "--config_file configs/accelerate/fsdp2.yaml" in launch
     (launch,) = [line for line in dry_run("reproduce-math", "SCALE=paper") if "launch" in line]  # SmolLM2: DDP
-    assert "--config_file" not in launch
+    assert "--config_file configs/accelerate/ddp.yaml" in launch  # given, so a user's accelerate default is not read
+    (launch,) = [line for line in dry_run("reproduce-maze", "SCALE=paper") if "launch" in line]
+    assert "--config_file configs/accelerate/ddp.yaml" in launch
+    (launch,) = [line for line in dry_run("reproduce-maze-trl", "SCALE=smoke", "GPUS_TRL=1") if "launch" in line]
+    assert "--config_file" not in launch and "--cpu" in launch
     zero3 = load_config_from_file(str(ROOT / "configs/accelerate/zero3.yaml"))
     assert zero3.distributed_type == "DEEPSPEED" and zero3.deepspeed_config["zero_stage"] == 3
     fsdp2 = load_config_from_file(str(ROOT / "configs/accelerate/fsdp2.yaml"))
     assert fsdp2.distributed_type == "FSDP" and fsdp2.fsdp_config["fsdp_version"] == 2
+    ddp = load_config_from_file(str(ROOT / "configs/accelerate/ddp.yaml"))
+    assert ddp.distributed_type == "MULTI_GPU" and ddp.mixed_precision == "no"
