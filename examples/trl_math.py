@@ -35,7 +35,8 @@ from experiments.math.generated import FAMILIES, make_splits
 from experiments.math.grading import score_batch
 from experiments.math.model import FROM_SCRATCH, build_from_scratch, build_tokenizer
 from experiments.math.prompts import TEMPLATES, render
-from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
+from sera.compat import activation_checkpointing
+from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -164,11 +165,16 @@ def recorded_config(cfg, a: argparse.Namespace) -> dict:
     return {**OmegaConf.to_container(cfg, resolve=True), "trainer": "trl", "trl": script}
 
 
-def require_base(base: Path, command: str) -> None:
-    from sera.runlog import DONE_FILE
+def require_base(base: Path, command: str, weights: bool) -> None:
+    """Refuse, before any work, a base run that is not finished or, where the run starts from its weights (`weights`),
+    one restored from the archive with its records only."""
+    from sera.runlog import ARCHIVED_FILE, DONE_FILE
 
     if not (base / DONE_FILE).exists():
         raise FileNotFoundError(f"{base} holds no finished base run; run it first: {command}")
+    if weights and (base / ARCHIVED_FILE).exists():
+        raise FileNotFoundError(f"{base} holds the archive's records of the base run, not its weights; train it again "
+                                f"(checked against the records): {command} run.base_weights=true")  # fmt: skip
 
 
 def from_config(overrides: list[str], cfg=None) -> list[str]:
@@ -235,18 +241,19 @@ class SuiteFolder:
 
 
 def suite_folder(cfg, overrides: list[str], a: argparse.Namespace, study: str, root: Path, base_config,
-                 settings) -> SuiteFolder:  # fmt: skip
+                 settings, weights: bool) -> SuiteFolder:  # fmt: skip
     """The suite's run folder of a study config run through TRL (this script and examples/trl_maze.py): under the
     study's `root` beside the base run it starts from (`base_config`: the study's base run config), named as the
     study's own loop would name the run plus `_trl` (--run-dir auto); the config it records is the study's, with
-    trainer: trl and the script's arguments. The base run must be finished (make runs it first)."""
+    trainer: trl and the script's arguments. The base run must be finished (make runs it first), and hold its weights
+    where the run starts from them (`weights`)."""
     from sera.lm_study import base_path, run_name
     from sera.runlog import finished_summary
 
     default = study_default(overrides, study)
     base = base_path(root, cfg, base_config, default)
     path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
-    require_base(base, f"python -m experiments.{study}.train run.base_only=true {' '.join(overrides)}")
+    require_base(base, f"python -m experiments.{study}.train run.base_only=true {' '.join(overrides)}", weights)
     config = recorded_config(cfg, a)
     output_dir = a.output_dir or str(path / "trainer")
     return SuiteFolder(path, config, base, output_dir, finished_summary(path, config) is not None)
@@ -264,11 +271,12 @@ class SuiteRun:
 
 def suite_run(overrides: list[str], a: argparse.Namespace, cfg) -> SuiteRun:
     """The math study's run folder (runs/math-<scale>/<model>/<run>_trl, `suite_folder`) and problems."""
-    from experiments.math.train import base_config, load_problems, validate
+    from experiments.math.train import base_config, from_scratch, load_problems, validate
     from sera.lm_study import study_root
 
     settings, _ = validate(cfg)
-    folder = suite_folder(cfg, overrides, a, "math", study_root(cfg, cfg.model.name), base_config, settings)
+    root = study_root(cfg, cfg.model.name)
+    folder = suite_folder(cfg, overrides, a, "math", root, base_config, settings, weights=from_scratch(cfg))
     train, evals, _ = load_problems(cfg)
     return SuiteRun(folder, settings, train, evals[a.eval_name])
 

@@ -23,7 +23,8 @@ import argparse
 import os
 
 from examples.trl_math import check_same_method, compose, grad_accum, suite_folder
-from sera.trl import SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
+from sera.compat import activation_checkpointing
+from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
 
 LOSS_TYPES = {"token-mean": "dapo", "seqnorm": "dr_grpo"}  # the suite's aggregation -> TRL's loss type
 
@@ -61,7 +62,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
     if cfg.task.pool_size is None:
         raise ValueError("TRL trains on a dataset: the maze needs a fixed pool (task.pool_size=N, a multiple of B)")
     a.vllm = a.vllm or ("colocate" if cfg.engine == "vllm" else "none")
-    suite = suite_folder(cfg, overrides, a, "maze", study_root(cfg), base_run_config, settings)
+    suite = suite_folder(cfg, overrides, a, "maze", study_root(cfg), base_run_config, settings, weights=True)
     if suite.finished:
         print(f"{suite.path} holds this finished run: skipped")
         return None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sera.compat import cache_keyword
 from sera.distributed import gathered_state
 
 
@@ -268,7 +269,7 @@ class HFEngine:
         ids, attn, pos = left_pad(prompts, self.pad_id, device)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         decode = self._decode_static if self.decode == "static" else self._decode_dynamic
-        decode(out, attn, pos, rows, (tokens, logprobs, mask), generator, temperature, top_p)
+        decode(out, cache_keyword(self.model), attn, pos, rows, (tokens, logprobs, mask), generator, temperature, top_p)
         self.model.train(was_training)
         return Rollouts(rows.cpu(), tokens.cpu(), mask.cpu(), logprobs.cpu())  # on the CPU, as vLLM's
 
@@ -284,10 +285,10 @@ class HFEngine:
         mask[active, t] = 1
         return tok, ~torch.isin(tok, self.end_tokens.to(logits.device))
 
-    def _decode_static(self, out, attn, pos, rows, outputs, generator, temperature, top_p) -> None:
+    def _decode_static(self, out, cache_kw, attn, pos, rows, outputs, generator, temperature, top_p) -> None:
         """SharedPromptDecoder: finished rows are dropped from the batch once a quarter of it has finished."""
         max_new_tokens = outputs[0].shape[1]
-        decoder = SharedPromptDecoder(self.model, out.cache, attn, pos, rows, max_new_tokens)
+        decoder = SharedPromptDecoder(self.model, getattr(out, cache_kw), attn, pos, rows, max_new_tokens)
         logits = out.logits[rows, -1]
         batch_rows = torch.arange(len(rows), device=rows.device)  # output row of each batch row
         live = batch_rows.clone()  # batch rows still generating
@@ -304,10 +305,10 @@ class HFEngine:
                 live = torch.arange(live.numel(), device=live.device)
             logits = decoder.step(last, t)[live]
 
-    def _decode_dynamic(self, out, attn, pos, rows, outputs, generator, temperature, top_p) -> None:
+    def _decode_dynamic(self, out, cache_kw, attn, pos, rows, outputs, generator, temperature, top_p) -> None:
         """transformers' DynamicCache: each prompt's cache rows repeated n_i times, finished rows dropped every step."""
         max_new_tokens, device = outputs[0].shape[1], rows.device
-        cache = out.cache
+        cache = getattr(out, cache_kw)
         cache.batch_select_indices(rows)  # each prompt's KV cache repeated n_i times, prefilled once
         logits, attn, next_pos = out.logits[rows, -1], attn[rows], pos[rows, -1] + 1
         active = torch.arange(rows.numel(), device=device)  # rows still generating
@@ -320,9 +321,8 @@ class HFEngine:
                 cache.batch_select_indices(kept)
                 active, tok, attn, next_pos = active[kept], tok[kept], attn[kept], next_pos[kept]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = self.model(
-                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], cache=cache, use_cache=True
-            )
+            step = dict(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None], use_cache=True)
+            out = self.model(**step, **{cache_kw: cache})
             logits, next_pos = out.logits[:, -1], next_pos + 1
 
 
@@ -340,7 +340,8 @@ def response_logprobs(
     row_of = row_of.to(device)
     ids, attn, pos = left_pad([prompts[i] for i in used.tolist()], pad_id, device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    cache = out.cache
+    cache_kw = cache_keyword(model)
+    cache = getattr(out, cache_kw)
     cache.batch_select_indices(row_of)
     width = rollouts.tokens.shape[1]
     full_attn = torch.cat([attn[row_of], torch.ones((len(row_of), width), dtype=attn.dtype, device=device)], dim=1)
@@ -349,8 +350,8 @@ def response_logprobs(
         input_ids=rollouts.tokens.to(device),
         attention_mask=full_attn,
         position_ids=resp_pos,
-        cache=cache,
         use_cache=True,
+        **{cache_kw: cache},
     )
     logits = torch.cat([out.logits[row_of, -1:], resp.logits[:, :-1]], dim=1)  # logits predicting each response token
     return token_logprobs(logits, rollouts.tokens.to(device), temperature, chunk)
@@ -408,9 +409,10 @@ def shared_prompt_logprobs(
     used, row_of = torch.unique(rollouts.prompt_index, return_inverse=True)
     ids, attn, pos = left_pad([prompts[i] for i in used.tolist()], pad_id, device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    cache = getattr(out, cache_keyword(model))
     prompt = PromptKV(
-        [layer.keys for layer in out.cache.layers],  # (P, H_kv, L, d) a layer, with gradients
-        [layer.values for layer in out.cache.layers],
+        [layer.keys for layer in cache.layers],  # (P, H_kv, L, d) a layer, with gradients
+        [layer.values for layer in cache.layers],
         None if bool(attn.all()) else torch.zeros(attn.shape, device=device).masked_fill(attn == 0, float("-inf")),
         pos[:, -1] + 1,  # (P,) position of each prompt's first response token
         out.logits[:, -1],  # (P, V) the logits of each response's first token

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sera.compat import activation_checkpointing
+
 
 def sft_train(model, tokenizer, examples: dict, out_dir: Path, sft, seed: int, device: str, progress: bool) -> float:
     """Supervised fine-tuning of `model` on pre-tokenized examples, one shuffled pass (sft.steps x sft.batch_size);
@@ -37,7 +39,7 @@ def sft_train(model, tokenizer, examples: dict, out_dir: Path, sft, seed: int, d
         # TRL's defaults are bf16 autocast and gradient checkpointing: on a CPU without bf16 matrix units that made
         # the tiny model's step 2.2 s instead of about 0.2 s; float32 and no checkpointing (it is small) instead.
         bf16=device != "cpu",
-        activation_checkpointing=False,
+        **activation_checkpointing(False),  # its name in the installed transformers
     )
     one_device(args)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(examples), processing_class=tokenizer)

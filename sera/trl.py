@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -652,13 +652,6 @@ class RunFolderCallback(transformers.TrainerCallback):
         if self.run_dir is not None:
             self.run_dir.finish({"step": state.global_step, **self.last_evaluation})
             self.run_dir = None
-
-
-def activation_checkpointing(on: bool) -> dict:
-    """GRPOConfig's activation-checkpointing switch (TRL turns it on by default), under its name in the installed
-    transformers: `activation_checkpointing` from 5.20, `gradient_checkpointing` before (.venv-vllm has 5.17)."""
-    names = {f.name for f in fields(GRPOConfig)}
-    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": on}
 
 
 def _vllm_on_cpu() -> bool:

@@ -4,6 +4,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -540,6 +541,19 @@ def test_the_maze_through_trl_is_a_run_folder_the_tables_read(tmp_path):
     base_only = [sys.executable, "-m", "experiments.maze.train", *study, "method=maxrl", "run.base_only=true"]
     subprocess.run(base_only, check=True, capture_output=True, cwd=Path(__file__).parents[1])  # as make runs it
     (base,) = (tmp_path / "maze-smoke").glob("base_*")
+    # a base restored from the archive holds its records, not its weights: refused, then trained again (and checked
+    # against the archived records) by the base-only run with run.base_weights=true, as make's TRL target runs it
+    from paper_figures.archive import restore, save
+
+    save(tmp_path, tmp_path / "archive")
+    shutil.rmtree(base)
+    restore(tmp_path / "archive", tmp_path)
+    with pytest.raises(FileNotFoundError, match="the archive's records of the base run, not its weights"):
+        main([*study, "method=maxrl", "--cpu"])
+    subprocess.run(
+        [*base_only, "run.base_weights=true"], check=True, capture_output=True, cwd=Path(__file__).parents[1]
+    )
+    assert not (base / "ARCHIVED").exists() and (base / "config.json").exists()
     base_record = json.loads((base / eval_record_file(3, "heldout")).read_text())
     for method in ("maxrl", "sera"):
         trainer = main([*study, f"method={method}", "--cpu"])

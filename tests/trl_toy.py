@@ -25,8 +25,9 @@ import torch
 from transformers import TrainerCallback
 
 from sera.advantages import maxrl, multiplicity_weights
+from sera.compat import activation_checkpointing
 from sera.losses import pg_loss
-from sera.trl import LOSS_AGGREGATION, SERAGRPOConfig, SERAGRPOTrainer, activation_checkpointing
+from sera.trl import LOSS_AGGREGATION, SERAGRPOConfig, SERAGRPOTrainer
 
 LETTERS = "abcdefgh"
 PAD, EOS = "<pad>", "<eos>"

@@ -222,7 +222,7 @@ def run(cfg: DictConfig) -> dict:
         return problems, policy
 
     if cfg.run.get("base_only", False):
-        shared_base(need_weights=False)
+        shared_base(need_weights=bool(cfg.run.get("base_weights", False)))
         return {}
 
     def prepare():

@@ -115,7 +115,7 @@ def run(cfg: DictConfig) -> dict:
     threads = set_torch_threads(cfg.threads)
     device, root = resolve_device(cfg), study_root(cfg)
     if cfg.run.get("base_only", False):
-        ensure_base(cfg, loop, root, device, need_weights=False)
+        ensure_base(cfg, loop, root, device, need_weights=bool(cfg.run.get("base_weights", False)))
         return {}
 
     def prepare():
