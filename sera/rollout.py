@@ -580,6 +580,10 @@ class VLLMEngine:
 
         counts = np.asarray(counts)
         base_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        # vLLM seeds sample j of a request seed + j: prompt i's requests start past the samples before it, so every
+        # sample of the call has a seed of its own (base + i would give sample j of prompt i + 1 the noise of
+        # sample j + 1 of prompt i, tying the questions' samples together)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         keep = [i for i in range(len(prompts)) if counts[i] > 0]
         params = [
             SamplingParams(
@@ -589,7 +593,7 @@ class VLLMEngine:
                 top_k=0,
                 max_tokens=max_new_tokens,
                 logprobs=0,
-                seed=base_seed + i,
+                seed=base_seed + int(first[i]),
                 stop_token_ids=end_token_ids(self.eos_id),
                 detokenize=False,  # token ids only; the model directory may have no tokenizer
             )

@@ -3,8 +3,7 @@ transformers forward pass, and the weight sync after an optimizer step.
 
 Run: `make test-vllm` (it builds .venv-vllm with `make install-vllm`; vLLM's start-up is most of the time). Not part
 of `make test`: where vLLM does not import, conftest.py leaves this folder out (and the import below would skip).
-The reference log-probs come from a plain un-cached forward pass, because .venv-vllm's transformers (< 5.20) lacks
-the `cache=` keyword that sera.rollout.response_logprobs uses.
+The reference log-probs come from a plain un-cached forward pass, independent of sera.rollout.response_logprobs.
 """
 
 import copy
@@ -92,6 +91,16 @@ def test_counts_and_masks(engine_and_model):
         assert (out.tokens[r, length:] == PAD).all()
         assert (out.logprobs[r, length:] == 0).all() and (out.logprobs[r, :length] < 0).all()
     assert engine.generate(PROMPTS, [0, 0, 0], 6, torch.Generator()).tokens.shape == (0, 6)
+
+
+def test_every_sample_of_a_call_has_its_own_seed(engine_and_model):
+    """Two requests of the same prompt: vLLM seeds sample j of a request seed + j, so requests seeded base + i would
+    make the second's samples the first's shifted by one; each request's seeds start past the samples before it."""
+    engine, _ = engine_and_model
+    out = engine.generate([PROMPTS[2], PROMPTS[2]], [8, 8], 6, torch.Generator().manual_seed(3))
+    first, second = out.tokens[:8], out.tokens[8:]
+    assert not torch.equal(second[:-1], first[1:])
+    assert len({tuple(t.tolist()) for t in out.tokens}) > 8  # the two requests do not repeat each other's samples
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
