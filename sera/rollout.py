@@ -92,6 +92,15 @@ def end_token_ids(eos_id: int | Sequence[int]) -> list[int]:
     return [int(eos_id)] if isinstance(eos_id, int | np.integer) else [int(t) for t in eos_id]
 
 
+def sampled_logprobs(completion) -> list[float]:
+    """The log-prob of each sampled token of a vLLM completion asked for logprobs=0: its flat list when vLLM returned
+    one entry a position (flat_logprobs=True), else each position's entry for its token."""
+    flat, tokens = completion.logprobs, list(completion.token_ids)
+    if list(getattr(flat, "token_ids", ())) == tokens and len(flat.logprobs) == len(tokens):
+        return list(flat.logprobs)
+    return [d[t].logprob for t, d in zip(tokens, flat, strict=True)]
+
+
 DECODE_PATHS = ("auto", "static", "dynamic")
 
 
@@ -592,7 +601,8 @@ class VLLMEngine:
                 top_p=top_p,
                 top_k=0,
                 max_tokens=max_new_tokens,
-                logprobs=0,
+                logprobs=0,  # the sampled token's log-prob only
+                flat_logprobs=True,  # as flat lists, not a dict a token (about 384 bytes a token)
                 seed=base_seed + int(first[i]),
                 stop_token_ids=end_token_ids(self.eos_id),
                 detokenize=False,  # token ids only; the model directory may have no tokenizer
@@ -606,7 +616,7 @@ class VLLMEngine:
             for completion in out.outputs:
                 rows.append(i)
                 tokens.append(list(completion.token_ids))
-                logprobs.append([d[t].logprob for t, d in zip(completion.token_ids, completion.logprobs, strict=True)])
+                logprobs.append(sampled_logprobs(completion))
         num = len(rows)
         tok = torch.full((num, max_new_tokens), self.pad_id, dtype=torch.long)
         lp, mask = torch.zeros((num, max_new_tokens)), torch.zeros((num, max_new_tokens), dtype=torch.long)
