@@ -6,14 +6,16 @@ import os
 
 
 def resolve_threads(setting: int | str = "auto") -> int:
-    """'auto' -> cores not busy now (from the 1-minute load average), at least 1; an int is taken as given."""
+    """'auto' -> cores not busy now (from the 1-minute load average), at least 1, shared among the processes torchrun
+    started on this machine (LOCAL_WORLD_SIZE; each would otherwise take every idle core); an int is taken as given."""
     if setting != "auto":
         threads = int(setting)
         if threads < 1:
             raise ValueError(f"threads must be >= 1 or 'auto', got {setting}")
         return threads
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - round(os.getloadavg()[0]))
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, (cores - round(os.getloadavg()[0])) // processes)
 
 
 def set_torch_threads(setting: int | str = "auto") -> int:

@@ -5,6 +5,7 @@ tests/test_imagenet.py.
     torchrun --standalone --nproc_per_node=2 -m tests.imagenet_ddp_toy RUN_ROOT [overrides...]  two (gloo)
 
 With SERA_TEST_BATCHNORM=1 the MLP gets a BatchNorm1d after its first layer (ResNet-50's buffers, at toy size).
+With SERA_TEST_NAN_AT=<rank>,<step> that rank's loss at that step is NaN (the other ranks' stay finite).
 
 The label sampler's uniforms come from a generator keyed by (image id, the process's draw call, position in the
 image's group) instead of the rank's own generator, so an image gets the same labels whether one process holds the
@@ -46,6 +47,17 @@ def keyed(draw_rollouts):
     return draw
 
 
+def nan_at(update, rank: int, step: int):
+    """train.update with rank `rank`'s loss at `step` made NaN."""
+
+    def update_(optimizer, loss, metrics, skips, at):
+        if at == step and int(os.environ.get("RANK", "0")) == rank and loss is not None:
+            loss = loss * float("nan")
+        return update(optimizer, loss, metrics, skips, at)
+
+    return update_
+
+
 def with_batchnorm(build_model):
     def build(*args, **kwargs):
         model = build_model(*args, **kwargs)
@@ -59,6 +71,9 @@ if __name__ == "__main__":
     policy.RowSampler, policy.draw_rollouts = KeyedSampler, keyed(policy.draw_rollouts)
     if os.environ.get("SERA_TEST_BATCHNORM") == "1":
         train.build_model = with_batchnorm(train.build_model)
+    if os.environ.get("SERA_TEST_NAN_AT"):
+        rank, step = (int(v) for v in os.environ["SERA_TEST_NAN_AT"].split(","))
+        train.update = nan_at(train.update, rank, step)
     root, overrides = sys.argv[1], sys.argv[2:]
     with initialize_config_dir(config_dir=str(Path(train.__file__).parents[2] / "configs"), version_base=None):
         cfg = compose("imagenet", overrides=[*overrides, f"run.root={root}"])

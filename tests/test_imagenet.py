@@ -457,6 +457,28 @@ def test_two_processes_evaluate_a_batchnorm_model_on_rank_zero_alone(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_processes_skip_a_step_together_and_resume_only_as_launched(tmp_path):
+    """Under torchrun a non-finite loss on one rank makes every rank skip the step (backward is DDP's all-reduce: a
+    rank that skipped alone would leave the other waiting in it), and a checkpoint resumes only under the number of
+    processes that wrote it (each rank's RNG streams are its own), with a clear error otherwise."""
+    overrides = ["scale=imagenet/smoke", "method=maxrl", "device=cpu", "threads=1", "data.num_train=32"]
+    overrides += ["train.steps=8", "train.warm_start_steps=4", "eval.every=4", "run.checkpoint_every=4"]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2"]
+    root = Path(__file__).resolve().parents[1]
+    env = {**ENV, "OMP_NUM_THREADS": "1", "SERA_TEST_NAN_AT": "1,6"}  # rank 1's loss at step 6
+    cmd = [*torchrun, "-m", "tests.imagenet_ddp_toy", str(tmp_path), *overrides]
+    subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True, timeout=300)
+    run = tmp_path / "imagenet-smoke" / "maxrl_n0-16_seed-0"
+    records = read_jsonl(run / "metrics.jsonl")
+    assert (run / "DONE").exists()
+    assert [r["step"] for r in records if r.get("train/skipped_nonfinite")] == [6]  # rank 0's loss was finite
+    (run / "DONE").unlink()  # as if interrupted after its last checkpoint: one process may not take it up
+    one = subprocess.run([sys.executable, "-m", "tests.imagenet_ddp_toy", str(tmp_path), *overrides], env=ENV,
+                         cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert one.returncode != 0 and "written by 2 process(es) and is resumed by 1" in one.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["sera", "sera_pilot"])
 def test_two_processes_allocate_the_whole_step_as_one_process_does(tmp_path, method):
     """Under torchrun the allocation is over the step's whole batch, not each rank's half: every rank gathers the

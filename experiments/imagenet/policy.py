@@ -71,7 +71,8 @@ def rollout_loss(settings: MethodSettings, logp, logp_true, idx, y, history, gen
     Under DistributedDataParallel the step is the whole batch of every rank: each rank gathers every rank's softmax,
     draws every image's rollouts with the generator all ranks share (the same allocation on every rank, the one a
     single process makes), and takes the loss on its own images' rollouts with the step's normaliser shared out, so
-    that DDP's average of the ranks' gradients is the single-process gradient.
+    that DDP's average of the ranks' gradients is the single-process gradient (for a model without BatchNorm, whose
+    batch statistics are each rank's own).
     """
     rank, world = world_info()
     probs, p_exact = logp.detach().exp(), logp_true.detach().exp().double().cpu().numpy()

@@ -53,7 +53,7 @@ from sera import identity
 from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings, name_failures
-from sera.distributed import all_gather, unwrapped
+from sera.distributed import all_gather, unwrapped, world_info
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
@@ -229,7 +229,7 @@ class Training:
     def checkpoint(self, step: int, rng: list) -> dict:
         return {
             "step": step,
-            "model": self.model.state_dict(),
+            "model": unwrapped(self.model).state_dict(),  # the same keys with or without DDP's wrapper
             "optimizer": self.optimizer.state_dict(),
             "stream": self.stream.state_dict(),
             "history": self.history.state_dict(),
@@ -238,8 +238,14 @@ class Training:
         }
 
     def restore(self, state: dict, cfg, rl_phase: bool, rank: int) -> int:
-        """Load a checkpoint (an RL-phase one into a fresh RL optimizer); returns the step to resume at."""
-        self.model.load_state_dict(state["model"])
+        """Load a checkpoint (an RL-phase one into a fresh RL optimizer); returns the step to resume at. A checkpoint
+        written by another number of processes is refused: each rank's RNG streams and image shares are its own."""
+        written, world = len(state["rng"]), world_info()[1]
+        if written != world:
+            raise ValueError(f"this run's checkpoint was written by {written} process(es) and is resumed by {world}: "
+                             f"resume it as it was launched (torchrun --nproc_per_node={written}, or one process "
+                             "for 1)")  # fmt: skip
+        unwrapped(self.model).load_state_dict(state["model"])
         if rl_phase:
             self.optimizer = make_optimizer(cfg, self.params)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -320,14 +326,17 @@ def step_loss(cfg, settings: MethodSettings, tr: Training, idx, x, y, drawn, rl_
 
 
 def update(optimizer, loss, metrics: dict, skips: SkipGuard, step: int) -> None:
-    """One optimizer step on a finite loss; a non-finite one is skipped and said (train/skipped_nonfinite)."""
+    """One optimizer step on a finite loss; a non-finite one is skipped and said (train/skipped_nonfinite). Under
+    torchrun every rank skips when any rank's loss is not finite: backward is a collective (DDP's gradient all-reduce),
+    so a rank that skipped alone would leave the others waiting in it."""
     optimizer.zero_grad(set_to_none=True)
-    if loss is not None and torch.isfinite(loss):
+    finite = loss is not None and all(all_gather(bool(torch.isfinite(loss))))
+    if finite:
         loss.backward()
         optimizer.step()
     elif loss is not None:
         metrics["train/skipped_nonfinite"] = 1
-    skips.record(loss is not None and not torch.isfinite(loss), step)
+    skips.record(loss is not None and not finite, step)
 
 
 def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads: int, run_dir) -> dict:
