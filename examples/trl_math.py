@@ -38,6 +38,11 @@ from experiments.math.prompts import TEMPLATES, render
 from sera.compat import activation_checkpointing
 from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer
 
+# TRL settings both launch scripts give SERAGRPOConfig: the suite's loss on vLLM's samples, as its own loop computes
+# it (TRL's default multiplies each completion's loss by an importance-sampling factor), and the last checkpoint only
+# (TRL keeps every one by default)
+SUITE_TRL_SETTINGS = dict(vllm_importance_sampling_correction=False, save_total_limit=1)
+
 
 def arguments(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -356,11 +361,10 @@ def main(argv=None) -> SERAGRPOTrainer:
         learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=a.grad_clip,
         max_completion_length=a.max_completion_length, temperature=a.temperature, max_steps=a.steps, beta=0.0,
         use_vllm=a.vllm != "none", vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=a.bf16,
-        vllm_importance_sampling_correction=False,  # the suite's loss on vLLM's samples, as its own loop computes it
         use_cpu=a.cpu, seed=a.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
         logging_steps=1, remove_unused_columns=False, end_token_ids=ends if a.eos_tokens else None,
         **activation_checkpointing(not a.cpu), **evaluation(a, trl_eval),
-        save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500, save_total_limit=1,
+        save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500, **SUITE_TRL_SETTINGS,
     )  # fmt: skip
     if suite is not None:
         check_same_method(args.sera_settings(), suite.settings)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from examples.trl_math import check_same_method, compose, grad_accum, suite_folder
+from examples.trl_math import SUITE_TRL_SETTINGS, check_same_method, compose, grad_accum, suite_folder
 from sera.compat import activation_checkpointing
 from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
 
@@ -100,11 +100,9 @@ def main(argv=None) -> SERAGRPOTrainer | None:
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         max_steps=cfg.train.steps, beta=0.0, use_vllm=a.vllm != "none",
         vllm_mode=a.vllm if a.vllm != "none" else "colocate", bf16=cfg.model.get("dtype") == "bfloat16",
-        vllm_importance_sampling_correction=False,  # the suite's loss on vLLM's samples, as its own loop computes it
         use_cpu=a.cpu, seed=cfg.seed, report_to=[] if a.report_to == "none" else a.report_to.split(","),
         logging_steps=1, remove_unused_columns=False, save_strategy="steps", save_steps=cfg.run.checkpoint_every,
-        save_total_limit=1,
-        **activation_checkpointing(not a.cpu), **alloc,
+        **activation_checkpointing(not a.cpu), **alloc, **SUITE_TRL_SETTINGS,
     )  # fmt: skip
     check_same_method(args.sera_settings(), settings)
     folder = RunFolderCallback(suite.path, suite.config, suite.base)
