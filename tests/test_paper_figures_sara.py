@@ -200,8 +200,25 @@ def test_best_is_above_every_other_arm():
     above = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.45, 0.46, 0.46]})
     row = sara.best_row("m", "best", above, "sara+dps", arms, None)
     assert row.endswith("| as claimed (above every arm) |") and "vs DS (DAPO): +5.33 [" in row
+    assert "| means: GRPO +10.67, DS (DAPO) +5.33 |" in row  # each arm's mean difference, labelled as means
     below = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.55, 0.56, 0.56]})
     assert sara.best_row("m", "best", below, "sara+dps", arms, None).endswith("| against the claim (below DS (DAPO)) |")
     mixed = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.45, 0.56, 0.46]})
     assert sara.best_row("m", "best", mixed, "sara+dps", arms, None).endswith("| not decided at this power |")
     assert "in progress (3 of 8 seeds)" in sara.best_row("m", "best", above, "sara+dps", arms, 8)
+
+
+def test_exploratory_rows_claim_nothing():
+    """The suite's own rows are exploratory: their reading names the side of zero against the stated direction, never
+    "as claimed"; the registered rows keep the registration's words, and "best" names the abstract's four arms."""
+    per_seed = {"sara+sera": [0.50, 0.51, 0.52], "sara": [0.40, 0.40, 0.41], "sara+maxrl": [0.60, 0.61, 0.61]}
+    summary = {m: {"name": m, "default": True, "label": m,
+                   "per_seed": {s: {"pass1": p, "generated": 1, "trained": 1, "effective": 1}
+                                for s, p in enumerate(ps)}} for m, ps in per_seed.items()}  # fmt: skip
+    spec = sara.SUITE_ADDS[:2]  # SARA+SERA above SARA, above SARA+MaxRL
+    explored = sara.claim_rows({"m": summary}, spec, exploratory=True)
+    assert explored[0].endswith("| in the stated direction |")
+    assert explored[1].endswith("| against the stated direction |")
+    assert sara.claim_rows({"m": summary}, spec)[0].endswith("| as claimed |")
+    text = sara.claims({"m": summary}, registered={"m": 3})
+    assert '"best" is above each of GRPO, DS (DAPO), DPS and SARA).' in text and "| in the stated direction |" in text
