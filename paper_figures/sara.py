@@ -471,14 +471,14 @@ def interval_cell(values: list[float], unit: str, equivalence: bool = False) -> 
 def best_row(study: str, claim: str, summary: dict, tested: str, arms: tuple, registered: int | None) -> str:
     """\"Best accuracy\" as the comparison against every other arm: as claimed when the tested row is above each arm
     (each interval above zero), against the claim when it is below any, else not decided. The cell shows the arm it
-    is closest to; the per-seed column each arm's mean difference (labelled "means")."""
+    is closest to; the per-seed column each arm's difference with its interval (labelled "each arm")."""
     per_arm = {arm: seed_values(summary, tested, arm, "pass1", registered) for arm in arms}
     present = {arm: v for arm, v in per_arm.items() if v}
     counts = sorted({len(v) for v in per_arm.values()})
     if not present:
         return f"| {study} | {claim} | n/a | 0 |  | not run |"
     closest = min(present, key=lambda arm: np.mean(present[arm]))
-    each = "means: " + ", ".join(f"{METHODS[arm].label} {np.mean(v):+.2f}" for arm, v in present.items())
+    each = "each arm: " + "; ".join(f"{METHODS[arm].label} {interval_cell(v, 'pp')}" for arm, v in present.items())
     measured = f"vs {METHODS[closest].label}: " + interval_cell(present[closest], "pp")
     seeds = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     if registered is not None and (len(present) < len(arms) or counts[0] < registered):

@@ -200,7 +200,7 @@ def test_best_is_above_every_other_arm():
     above = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.45, 0.46, 0.46]})
     row = sara.best_row("m", "best", above, "sara+dps", arms, None)
     assert row.endswith("| as claimed (above every arm) |") and "vs DS (DAPO): +5.33 [" in row
-    assert "| means: GRPO +10.67, DS (DAPO) +5.33 |" in row  # each arm's mean difference, labelled as means
+    assert "| each arm: GRPO +10.67 [" in row and "; DS (DAPO) +5.33 [" in row  # each arm's difference, interval
     below = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.55, 0.56, 0.56]})
     assert sara.best_row("m", "best", below, "sara+dps", arms, None).endswith("| against the claim (below DS (DAPO)) |")
     mixed = summary({"sara+dps": [0.50, 0.51, 0.52], "grpo": [0.40, 0.40, 0.41], "ds": [0.45, 0.56, 0.46]})
