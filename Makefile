@@ -336,7 +336,7 @@ SARA_RUN = $(filter $(1),$(SARA_LIST))
 SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 \
 	scale=$(1)/$(SCALE)_sara $(LAUNCH)
 
-reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke
+reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke JOBS= (a seed, one run at a time: 25-53 min a study; JOBS=2: maze 12-13 min, tiny-math 21-28 min)
 	$(foreach s,$(SARA_LIST),$(ARCHIVE) restore --folder $(s)-$(SCALE)_sara;)
 	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=$(SARA_METHODS) seed=$(call seeds,$(SARA_SEEDS)))
 	$(if $(call SARA_RUN,imagenet),$(call SARA,imagenet) method=dps $(DPS_FAIR) seed=$(call seeds,$(SARA_SEEDS)))
