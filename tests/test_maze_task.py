@@ -275,3 +275,6 @@ def test_the_paper_scale_follows_the_authors_maze_recipe():
     assert (cfg.n0, loop.batch_size, loop.steps, cfg.max_new_tokens, loop.lr) == (128, 256, 3000, 180, 1e-4)
     assert (cfg.task.pool_size, cfg.task.pool_order, cfg.task.pool_size // loop.batch_size) == (7424, "epoch", 29)
     assert (settings.estimator, settings.n_min, settings.n_max) == ("beta", 2, 512)
+    # the optimiser the recipe leaves at verl's defaults: AdamW (0.9, 0.999), weight decay 0.01, constant, clip 1.0
+    optim = cfg.optim
+    assert (tuple(optim.betas), optim.weight_decay, optim.warmup_steps, optim.grad_clip) == ((0.9, 0.999), 0.01, 0, 1.0)
