@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -464,8 +465,6 @@ class SERAGRPOTrainer(GRPOTrainer):
         # the history goes in first: transformers ends its save by deleting the older checkpoints (save_total_limit),
         # so a history written after it would leave a moment when no checkpoint is whole
         if self._history is not None and self.args.should_save:
-            import os
-
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = f"{self._get_output_dir(trial=trial)}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
