@@ -246,7 +246,7 @@ def test_image_prompts_take_each_image_once_and_forward_lazily():
     from experiments.imagenet.data import BatchStream
 
     x = torch.randn(10, 3)
-    stream = BatchStream(10, 4, 0, lambda batches: ((x[i], torch.arange(10)[i] % 2) for i in batches))
+    stream = BatchStream(10, 4, 0, lambda batches, epoch: ((x[i], torch.arange(10)[i] % 2) for i in batches))
     calls = []
     model = torch.nn.Linear(3, 2)
 
@@ -267,6 +267,46 @@ def test_image_prompts_take_each_image_once_and_forward_lazily():
     prompts.probs_for(np.array([1, 4]))
     assert calls == [2]  # each image forwarded once
     np.testing.assert_allclose(prompts.p_true([1]), expected[1, prompts.y[1]].item(), rtol=1e-6)
+
+
+def tiny_image_folder(root: Path, classes: int = 2, per_class: int = 3) -> Path:
+    """An ImageFolder `train/` of small random RGB images (what `imagenet_datasets` reads, at toy size)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in range(classes):
+            (root / split / f"class{c}").mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_imagefolder_crops_resume_exactly_and_do_not_depend_on_workers(tmp_path, workers):
+    """ImageNet's random crops and flips come from (run seed, epoch, image): a stream resumed mid-epoch yields the
+    very tensors the uninterrupted stream yields, with or without decoding workers, and the training's own torch RNG
+    is left as it was."""
+    from experiments.imagenet.data import BatchStream, image_folder_batches, imagenet_datasets
+
+    train, _ = imagenet_datasets(tiny_image_folder(tmp_path))
+    whole = BatchStream(len(train), 2, 5, image_folder_batches(train, 0, 5))  # 3 batches an epoch
+    torch.manual_seed(0)
+    rng_before = torch.get_rng_state()
+    batches = [whole.next_batch() for _ in range(5)]  # into the second epoch
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    torch.manual_seed(123)  # a resumed process's RNG is not the uninterrupted one's
+    resumed = BatchStream(len(train), 2, 5, image_folder_batches(train, workers, 5))
+    resumed.load_state_dict({"epoch": 0, "pos": 2})
+    for idx, x, y in batches[2:]:
+        idx2, x2, y2 = resumed.next_batch()
+        assert torch.equal(idx, idx2) and torch.equal(x, x2) and torch.equal(y, y2)
+    first = {int(i): x[k] for idx, x, _ in batches[:3] for k, i in enumerate(idx)}
+    second = {int(i): x[k] for idx, x, _ in batches[3:] for k, i in enumerate(idx)}
+    again = [i for i in second if i in first]
+    assert again and all(not torch.equal(first[i], second[i]) for i in again)  # a new epoch, new crops
+    assert all(x.shape[-2:] == (224, 224) for _, x, _ in batches)
 
 
 @pytest.mark.slow
@@ -298,16 +338,9 @@ def test_bad_cli_input_fails_before_creating_a_run(tmp_path):
     assert not tmp_path.joinpath("imagenet-cpu").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["sera_pilot", "direct_ce", "sara+dps"])
-def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, method):
-    base = [
-        "scale=imagenet/smoke",
-        f"method={method}",
-        "method.estimator=history" if method == "sera_pilot" else "seed=0",
-        "method.pilot_m=0" if method == "sera_pilot" else "seed=0",
-        "threads=1",
-    ]
+def run_twice_one_interrupted(tmp_path, monkeypatch, base: list, scale: str):
+    """Run `base` whole under a/, and under b/ killed at step 6 then rerun by the same command; return both runs'
+    (metric records without timings, final validation probabilities)."""
     train.run(cfg_for(*base, f"run.root={tmp_path / 'a'}"))
 
     original_log = train.RunDir.log
@@ -322,18 +355,58 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, met
     with pytest.raises(KeyboardInterrupt):
         train.run(cfg_b)
     monkeypatch.setattr(train.RunDir, "log", original_log)
-    train.run(cfg_b)  # same command: resumes from the checkpoint written after step 5
+    train.run(cfg_b)  # same command: resumes from the last checkpoint before step 6
+    with pytest.raises(RunExistsError):
+        train.run(cfg_b)
 
     def load(root):
-        run = next((root / "imagenet-smoke").iterdir())
+        run = next((root / f"imagenet-{scale}").iterdir())
         recs = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(run / "metrics.jsonl")]
         return recs, np.load(run / "val_p.npy")
 
-    (rec_a, p_a), (rec_b, p_b) = load(tmp_path / "a"), load(tmp_path / "b")
+    return load(tmp_path / "a"), load(tmp_path / "b")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sera_pilot", "direct_ce", "sara+dps"])
+def test_interrupted_run_resumes_to_identical_metrics(tmp_path, monkeypatch, method):
+    base = [
+        "scale=imagenet/smoke",
+        f"method={method}",
+        "method.estimator=history" if method == "sera_pilot" else "seed=0",
+        "method.pilot_m=0" if method == "sera_pilot" else "seed=0",
+        "threads=1",
+    ]
+    (rec_a, p_a), (rec_b, p_b) = run_twice_one_interrupted(tmp_path, monkeypatch, base, "smoke")
     assert rec_a == rec_b
     np.testing.assert_array_equal(p_a, p_b)
-    with pytest.raises(RunExistsError):
-        train.run(cfg_b)
+
+
+@pytest.mark.slow
+def test_resnet50_on_an_imagefolder_resumes_to_identical_metrics(tmp_path, monkeypatch):
+    """The paper scale's code path (an ImageFolder of images, its crops, ResNet-50 from scratch) at toy size on the
+    CPU: it trains, evaluates, and a run killed mid-way resumes to the uninterrupted run's records and probabilities
+    (its crops included: they differ between epochs, and the kill falls mid-epoch)."""
+    folder = tiny_image_folder(tmp_path / "imagenet", per_class=5)  # 10 images: 2 batches of 4 an epoch
+    base = [
+        "scale=imagenet/paper",
+        "device=cpu",
+        f"data.root={folder}",
+        "data.workers=2",  # decoding workers: their crops must not depend on where the resume began
+        "method=maxrl",
+        "n0=4",
+        "train.batch_size=4",
+        "train.epochs=4",
+        "eval.every=4",
+        "eval.grad_cos_every=4",
+        "run.checkpoint_every=5",
+        "progress=false",
+        "threads=1",
+    ]
+    (rec_a, p_a), (rec_b, p_b) = run_twice_one_interrupted(tmp_path, monkeypatch, base, "paper")
+    assert [r["step"] for r in rec_a] == list(range(8)) and "eval/pass@1" in rec_a[-1]
+    assert rec_a == rec_b
+    np.testing.assert_array_equal(p_a, p_b)
 
 
 @pytest.mark.slow

@@ -78,8 +78,9 @@ class BatchStream:
     """Shuffled epochs of example indices, resumable mid-epoch: state is (epoch, position).
 
     Each epoch's permutation comes from (seed, epoch), so a resumed run draws exactly the batches it would have
-    drawn. Under DistributedDataParallel each rank takes every world-th batch. `make_iter(batches)` turns a list of
-    index batches into an iterator of (x, y) (a tensor gather in memory, a DataLoader for ImageFolder).
+    drawn. Under DistributedDataParallel each rank takes every world-th batch. `make_iter(batches, epoch)` turns a
+    list of the epoch's index batches into an iterator of (x, y) (a tensor gather in memory, a DataLoader for
+    ImageFolder, whose augmentations are seeded by (seed, epoch, image), so a resumed run sees the same crops).
     """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, make_iter, rank: int = 0, world: int = 1):
@@ -113,11 +114,11 @@ class BatchStream:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.pos = state["epoch"], state["pos"]
         self._batches = self._epoch_batches()
-        self._iter = self.make_iter(self._batches[self.pos :])
+        self._iter = self.make_iter(self._batches[self.pos :], self.epoch)
 
 
 def in_memory_batches(split: InMemorySplit):
-    return lambda batches: ((split.x[idx], split.y[idx]) for idx in batches)
+    return lambda batches, epoch: ((split.x[idx], split.y[idx]) for idx in batches)
 
 
 def in_memory_val_batches(split: InMemorySplit, batch_size: int = 2048):
@@ -154,11 +155,44 @@ def imagenet_datasets(root):
     return ImageFolder(str(root / "train"), train_tf), ImageFolder(str(root / "val"), val_tf)
 
 
-def image_folder_batches(dataset, workers: int):
-    """An epoch's index batches as a DataLoader over the ImageFolder (workers decode ahead)."""
-    return lambda batches: iter(
-        torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=workers, pin_memory=True)
-    )
+class SeededImages(torch.utils.data.Dataset):
+    """An ImageFolder indexed by (image, seed): each image's random augmentation is drawn from torch's RNG seeded
+    with its own seed (inside fork_rng, so the caller's stream is untouched). The crops then depend on
+    (run seed, epoch, image) alone, not on which DataLoader worker decodes the image or on where a resume started."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, seed = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.dataset[index]
+
+
+def augmentation_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one image's augmentation in one epoch of a run: (seed, epoch, image) hashed to 32 bits, since
+    torch's CPU generator keeps only a seed's low 32 bits (seeds 2**32 apart would give the same crops)."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+def image_folder_batches(dataset, workers: int, seed: int):
+    """An epoch's index batches as a DataLoader over the ImageFolder (workers decode ahead), each image augmented
+    from its own seed (`augmentation_seed`)."""
+    images = SeededImages(dataset)
+
+    def make_iter(batches, epoch):
+        keyed = [[(int(i), augmentation_seed(seed, epoch, int(i))) for i in idx] for idx in batches]
+        own = torch.Generator().manual_seed(epoch)  # the loader's worker base seed, not a draw from torch's RNG
+        pin = torch.cuda.is_available()
+        return iter(
+            torch.utils.data.DataLoader(images, batch_sampler=keyed, num_workers=workers, pin_memory=pin, generator=own)
+        )
+
+    return make_iter
 
 
 def image_folder_val_batches(dataset, batch_size: int, workers: int):

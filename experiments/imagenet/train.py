@@ -187,7 +187,7 @@ def build_task(cfg, rank: int, world: int):
         stream = BatchStream(len(train), b, cfg.seed, in_memory_batches(train), rank, world)
         return stream, lambda: in_memory_val_batches(val), train.x.shape[1], 1000
     train, val = imagenet_datasets(cfg.data.root)
-    stream = BatchStream(len(train), b, cfg.seed, image_folder_batches(train, cfg.data.workers), rank, world)
+    stream = BatchStream(len(train), b, cfg.seed, image_folder_batches(train, cfg.data.workers, cfg.seed), rank, world)
     return stream, lambda: image_folder_val_batches(val, b, cfg.data.workers), None, len(train.classes)
 
 
