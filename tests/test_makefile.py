@@ -168,6 +168,11 @@ def test_the_imagenet_paper_grid_takes_its_data_root_and_runs_one_at_a_time():
     assert trained(lines, "imagenet") == [("direct_ce", "69"), ("maxrl,sera", "69")]
     parallel = dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d", "SEEDS=69", "JOBS=2")
     assert any("hydra/launcher=joblib" in line for line in parallel)
+    # without SEEDS=, the paper scale runs the authors' one seed and the CPU scale seeds 0-2
+    default = dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d")
+    assert trained(default, "imagenet") == trained(lines, "imagenet")
+    assert trained(dry_run("ablate-pilot", "SCALE=paper"), "imagenet")[0][1] == "69"
+    assert ("maxrl,sera_pilot", "0,1,2") in trained(dry_run("reproduce-imagenet", "SCALE=cpu"), "imagenet")
 
 
 def test_where_the_data_lives_is_no_part_of_a_runs_identity():
