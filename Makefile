@@ -113,9 +113,9 @@ test-vllm: install-vllm ## vLLM on the CPU: the suite's engine and TRL's colocat
 bench-vllm: install install-vllm ## tokens/s of HFEngine (.venv) against VLLMEngine (.venv-vllm) on the same work (printed ratio)
 	$(VLLM_ENV) $(VLLM_PY) -m bench.bench_vllm --hf-python $(PY) $(if $(wildcard runs/maze-cpu/base_seed-0/DONE),--model runs/maze-cpu/base_seed-0)
 
-# The classifier's seeds under SCALE=cpu and ablate: 0-2; SCALE=paper: the authors' seed, 69 (a run of ResNet-50 on
-# ImageNet is GPU-hours, and their recipe runs one seed)
-SEEDS ?= $(if $(filter paper,$(SCALE)),69,0$(comma)1$(comma)2)
+# Seeds of the classifier's grids (reproduce-imagenet, ablate-pilot) and of ablate: 0-2, but the authors' one seed, 69,
+# for the classifier at SCALE=paper (a run of ResNet-50 on ImageNet is GPU-hours, and their recipe runs one seed)
+SEEDS ?= $(if $(filter paper-imagenet,$(SCALE)-$(STUDY)),69,0$(comma)1$(comma)2)
 # A seed list as Hydra sweeps it: a-b in any *SEEDS variable is every seed from a to b (MATH_SEEDS=0-19, SEEDS=0-2,5).
 seeds = $(shell echo '$(1)' | tr ',' '\n' | awk -F- 'NF == 2 {for (i = $$1; i <= $$2; i++) print i; next} {print}' | paste -sd, -)
 # The numeric kernel level (sera/numerics.py): a grid runs at the level its committed runs recorded, so a rerun takes

@@ -172,6 +172,8 @@ def test_the_imagenet_paper_grid_takes_its_data_root_and_runs_one_at_a_time():
     default = dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d")
     assert trained(default, "imagenet") == trained(lines, "imagenet")
     assert trained(dry_run("ablate-pilot", "SCALE=paper"), "imagenet")[0][1] == "69"
+    maze = trained(dry_run("ablate", "STUDY=maze", "SCALE=paper", "SETTING=optim.lr", "VALUES=1e-4"), "maze")
+    assert maze and all(seed == "0,1,2" for _, seed in maze)  # 69 is the classifier's seed only
     assert ("maxrl,sera_pilot", "0,1,2") in trained(dry_run("reproduce-imagenet", "SCALE=cpu"), "imagenet")
 
 
