@@ -156,9 +156,10 @@ def imagenet_datasets(root):
 
 
 class SeededImages(torch.utils.data.Dataset):
-    """An ImageFolder indexed by (image, seed): each image's random augmentation is drawn from torch's RNG seeded
-    with its own seed (inside fork_rng, so the caller's stream is untouched). The crops then depend on
-    (run seed, epoch, image) alone, not on which DataLoader worker decodes the image or on where a resume started."""
+    """An ImageFolder indexed by (image, seed): each image's random augmentation is drawn from torch's CPU generator
+    (which torchvision's crops and flips draw from) seeded with the image's seed, inside fork_rng, so the caller's
+    stream is untouched (`torch.manual_seed` would also reseed CUDA's). The crops then depend on (run seed, epoch,
+    image) alone, not on which DataLoader worker decodes the image or on where a resume started."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -169,7 +170,7 @@ class SeededImages(torch.utils.data.Dataset):
     def __getitem__(self, key):
         index, seed = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)
             return self.dataset[index]
 
 
