@@ -155,58 +155,43 @@ def imagenet_datasets(root):
     return ImageFolder(str(root / "train"), train_tf), ImageFolder(str(root / "val"), val_tf)
 
 
-class SeededImages(torch.utils.data.Dataset):
-    """An ImageFolder indexed by (image, seed): each image's random augmentation is drawn from torch's CPU generator
-    (which torchvision's crops and flips draw from) seeded with the image's seed, inside fork_rng, so the caller's
-    stream is untouched (`torch.manual_seed` would also reseed CUDA's). The crops then depend on (run seed, epoch,
-    image) alone, not on which DataLoader worker decodes the image or on where a resume started."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key):
-        index, seed = key
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            return self.dataset[index]
-
-
 def augmentation_seed(seed: int, epoch: int, index: int) -> int:
     """The seed of one image's augmentation in one epoch of a run: (seed, epoch, image) hashed to 32 bits, since
     torch's CPU generator keeps only a seed's low 32 bits (seeds 2**32 apart would give the same crops)."""
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
 
 
-class KeyedBatches:
-    """An epoch's index batches as (image, augmentation seed) batches, each made as the loader asks for it (a
-    SeedSequence costs about 10 us: 14 s for all of ImageNet at once, 3 ms for a batch of 256)."""
+class SeededImages(torch.utils.data.Dataset):
+    """One epoch of an ImageFolder whose image i is augmented from torch's CPU generator (which torchvision's crops
+    and flips draw from) seeded with `augmentation_seed(seed, epoch, i)`, inside fork_rng, so the caller's stream is
+    untouched (`torch.manual_seed` would also reseed CUDA's). The crops then depend on (run seed, epoch, image)
+    alone, not on which DataLoader worker decodes the image or on where a resume started; the seeds are made where
+    the images are decoded, in the workers."""
 
-    def __init__(self, batches, seed: int, epoch: int):
-        self.batches, self.seed, self.epoch = batches, seed, epoch
+    def __init__(self, dataset, seed: int, epoch: int):
+        self.dataset, self.seed, self.epoch = dataset, seed, epoch
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.dataset)
 
-    def __iter__(self):
-        for idx in self.batches:
-            yield [(int(i), augmentation_seed(self.seed, self.epoch, int(i))) for i in idx]
+    def __getitem__(self, index):
+        index = int(index)
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(augmentation_seed(self.seed, self.epoch, index))
+            return self.dataset[index]
 
 
 def image_folder_batches(dataset, workers: int, seed: int):
     """An epoch's index batches as a DataLoader over the ImageFolder (workers decode ahead), each image augmented
-    from its own seed (`augmentation_seed`)."""
-    images = SeededImages(dataset)
+    from its own seed (`SeededImages`)."""
 
     def make_iter(batches, epoch):
-        keyed = KeyedBatches(batches, seed, epoch)
+        images = SeededImages(dataset, seed, epoch)
         own = torch.Generator().manual_seed(epoch)  # the loader's worker base seed, not a draw from torch's RNG
-        pin = torch.cuda.is_available()
-        return iter(
-            torch.utils.data.DataLoader(images, batch_sampler=keyed, num_workers=workers, pin_memory=pin, generator=own)
+        loader = torch.utils.data.DataLoader(
+            images, batch_sampler=batches, num_workers=workers, pin_memory=torch.cuda.is_available(), generator=own
         )
+        return iter(loader)
 
     return make_iter
 
