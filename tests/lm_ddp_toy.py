@@ -98,6 +98,7 @@ def records(out_path: str) -> None:
     """TRL's records under FSDP2 (sera.trl.policy_engine): each rank samples its share of the questions from a whole
     copy of the sharded policy, so the ranks need not run in lockstep (a sharded forward is a collective)."""
     import json
+    from pathlib import Path
     from types import SimpleNamespace
 
     from sera.trl import policy_engine
@@ -114,7 +115,7 @@ def records(out_path: str) -> None:
         metrics, evaluated = loop.evaluate(ls, task, engine, torch.Generator().manual_seed(world_info()[0]))
     if world_info()[0] == 0:
         result = {"engine": type(engine).__name__, "copy": whole is not model, "same": same, "records": evaluated}
-        open(out_path, "w").write(json.dumps(result))
+        Path(out_path).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
@@ -127,5 +128,6 @@ if __name__ == "__main__":
         records(path)
     else:
         resume(path, parallel, int(sys.argv[4]) if len(sys.argv) > 4 else None)
-    if torch.distributed.is_initialized():
+    if torch.distributed.is_initialized():  # no rank tears gloo down while another is still in a collective
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
