@@ -421,7 +421,8 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, monkeypatch):
 # --standalone: a free rendezvous port for each launch (a relaunch right after a failed run must not meet the old one's)
 TORCHRUN = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
 TORCHRUN += ["-m", "tests.lm_ddp_toy"]
-TOY_ENV = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+# PYTHONFAULTHANDLER: a rank that aborts in C++ prints the Python line it was on (in the failure's captured stderr)
+TOY_ENV = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 ROOT = os.path.dirname(os.path.dirname(__file__))
 
 
