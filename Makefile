@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv and install the pinned environment (constraints.txt)
 
-test: install ## run the test suite (CPU, offline, about 5 minutes alone) and print the slowest tests
+test: install ## run the test suite (CPU, offline, about 11 minutes alone) and print the slowest tests
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: install ## the test suite without the slow end-to-end runs (marked slow), for the edit-test loop
