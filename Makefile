@@ -209,7 +209,7 @@ MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun ru
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
-reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, one seed at a time (MAZE_SEEDS=s): 32 min a seed, base model and both runs side by side, with other work on the machine (JOBS=1 beside a C6 seed: 56 min); SCALE=paper: reproduce-maze-trl)
+reproduce-maze: install ## Table 4 (maze); SCALE= MAZE_SEEDS= AGGREGATIONS= BASELINES= SERA= JOBS= (JOBS=2: 1.75x faster here; cpu: ~1 h 45 min a seed; the pre-registered grid, token-mean 0-11, seqnorm 0-5, GRPO 0-2 with reproduce-retrained: ~15 core-h; C5: SCALE=cpu_pool SERA=sera AGGREGATIONS=token-mean BASELINES=, one seed at a time (MAZE_SEEDS=s): 32 min a seed, base model and both runs side by side, with other work on the machine (JOBS=1 beside a C6 seed: 50-56 min); SCALE=paper: reproduce-maze-trl)
 ifeq ($(SCALE),paper)
 	$(MAKE) reproduce-maze-trl
 else
@@ -256,7 +256,7 @@ MATH_DARS_CAP = $(if $(filter cpu cpu_%,$(SCALE)),alloc.n_max=32)
 # a variable, not a literal: a comma inside $(if ...) would end its then-part (PKPO skipped, or run as a command)
 MATH_BASELINES := grpo,pkpo
 
-reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= SERA= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h; C6: SERA=sera MATH_SEEDS=5-24 AGGREGATIONS=token-mean BASELINES=, ~45 min a run with its base model, two side by side (JOBS=1 beside a C5 seed: 27-28 min a seed, the base trained again included); SCALE=paper: reproduce-math-trl)
+reproduce-math: install ## Tables 1, 5 (math); SCALE= MATH_SEEDS= MODEL= AGGREGATIONS= BASELINES= SERA= (cpu: ~1 h 50 min a seed on the first machine; the pre-registered grid, token-mean 0-19, seqnorm 0-2, baselines 0-2 with reproduce-retrained: ~18 core-h; C6: SERA=sera MATH_SEEDS=5-24 AGGREGATIONS=token-mean BASELINES=, one seed at a time with JOBS=1 beside a C5 seed: 27-28 min a seed whose MaxRL run is archived (5-19), 51 min with its MaxRL run (20-24), the base model included; SCALE=paper: reproduce-math-trl)
 	@test -n "$(MATH_SCALE)" || { echo "unknown MODEL=$(MODEL) for SCALE=paper"; exit 1; }
 ifeq ($(SCALE),paper)
 	$(MAKE) reproduce-math-trl
