@@ -152,6 +152,14 @@ class BetaHistory:
         """The frozen posterior means (B,) for prompt ids (B,); NaN for a prompt with no estimate yet."""
         return self.frozen[np.asarray(ids)].copy()
 
+    def never_solved(self, ids) -> np.ndarray:
+        """(B,) True for the prompt ids (B,) that have an estimate and no success in their history: the prompts the
+        rule reads from failures and the prior alone (a Beta mean near 0, never 0). What exploratory analysis E2
+        counts (results/cpu/PREREGISTRATION_AUTHORS.md); the current epoch's outcomes wait for the next boundary, as
+        the estimates do."""
+        ids = np.asarray(ids)
+        return ~np.isnan(self.frozen[ids]) & (self.successes[ids] == 0)
+
     @staticmethod
     def needs_uniform(p_hat) -> bool:
         """The authors' cold-start rule: a batch with any prompt lacking an estimate is allocated uniformly."""

@@ -344,6 +344,8 @@ def rl_step(
     )
     if out.p_hat is not None:
         metrics["alloc/c_min_phat"] = float(scale_factor(out.p_hat, out.counts, ms.delta).min())
+        if ms.estimator == "beta":
+            metrics |= unsolved_metrics(history.never_solved(first), out.prompts, out.counts)
     optimizer.zero_grad(set_to_none=True)
     if share.live_total:
         metrics |= update(ms, ls, model, optimizer, engine, stream.tokens, share, adv, weights, task.pad_id,
@@ -351,6 +353,23 @@ def rl_step(
     metrics["time/generate_s"] = t_gen
     metrics["time/reward_s"] = draw.reward_time
     metrics["time/step_s"] = time.perf_counter() - t0
+    return metrics
+
+
+def unsolved_metrics(never_solved, prompts, counts) -> dict:
+    """Where an allocation from the Beta history puts its rollouts (exploratory analysis E2): the share of the step's
+    rollouts given to its never-solved prompts (`never_solved` (B,), BetaHistory.never_solved), how many of those got
+    any, and the median count of the others, inactive ones (0) included. `prompts` (C,) indexes the step's B prompts
+    and `counts` (C,) are their rollouts; a prompt not among them got none."""
+    never_solved = np.asarray(never_solved, dtype=bool)
+    full = np.zeros(never_solved.size, dtype=np.int64)
+    full[np.asarray(prompts)] = counts
+    metrics = {
+        "alloc/unsolved_share": float(full[never_solved].sum() / full.sum()),
+        "alloc/unsolved_active": int(np.count_nonzero(full[never_solved])),
+    }
+    if not never_solved.all():
+        metrics["alloc/solved_n_median"] = float(np.median(full[~never_solved]))
     return metrics
 
 

@@ -192,3 +192,19 @@ def test_a_history_refuses_outcomes_that_do_not_match_their_ids(make):
         assert history.pending_successes.tolist() == [0, 0, 3, 0] and history.pending_failures.tolist() == [0, 0, 5, 0]
     else:
         assert history.last_rate[2] == 3 / 8 and history.total_rollouts == 8
+
+
+def test_the_beta_history_names_the_prompts_never_solved_from_its_frozen_epochs_only():
+    """Never solved: an estimate, and no success in the epochs folded in. A prompt unseen is not (it has no
+    estimate), and an outcome recorded in the epoch under way counts only from the next boundary."""
+    history = BetaHistory(4)
+    history.advance_to(0)
+    assert not history.never_solved(np.arange(4)).any()  # no estimates yet
+    history.update(np.array([0, 1, 2]), np.array([3, 0, 0]), np.array([8, 8, 8]))  # prompt 3 unseen
+    history.advance_to(1)
+    assert history.never_solved(np.array([3, 2, 1, 0])).tolist() == [False, True, True, False]
+    history.update(np.array([1]), np.array([1]), np.array([8]))  # prompt 1's first success, in epoch 1
+    assert history.never_solved(np.array([1])).tolist() == [True]  # frozen until the boundary
+    history.advance_to(2)
+    assert history.never_solved(np.arange(4)).tolist() == [False, False, True, False]
+    assert history.estimate([2])[0] > 0  # the prior keeps a never-solved prompt's mean above 0

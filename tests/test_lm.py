@@ -698,6 +698,36 @@ def test_the_beta_history_reads_a_set_that_is_not_a_multiple_of_the_batch_by_the
     assert all(1 <= r["alloc/active"] <= 4 and r["alloc/rollouts"] == 32 for r in records[4:])
 
 
+class HalfSolvedEpochToyTask(EpochToyTask):
+    """EpochToyTask where an even prompt always succeeds and an odd one never does, whatever the response: every
+    batch of 4 holds two of each, and from epoch 1 on the two odd ones are the never-solved prompts."""
+
+    def rewards(self, ids, responses, truncated):
+        return (np.asarray(ids) % 2 == 0).astype(np.float64)
+
+
+def test_the_authors_rule_logs_where_its_rollouts_go_by_whether_a_prompt_was_ever_solved(tmp_path):
+    """Exploratory analysis E2's values. From epoch 1 an even prompt's Beta mean is 8.5 / 9 or more, so its factor
+    1 - (1 - p)^n is above 0.99 at n_min = 2, where an odd prompt's (mean 0.5 / 9 or less) stays below 0.6 even at 14:
+    the even ones sit at n_min and the two odd ones share the rest of the 32, 14 each, 28 / 32 of the step."""
+    _, records = run_toy(loop_cfg("sera", None, 0, steps=12), tmp_path / "a", task=HalfSolvedEpochToyTask())
+    assert not any("alloc/unsolved_share" in r for r in records[:4])  # epoch 0 is uniform: no history read
+    for r in records[4:]:
+        assert r["alloc/active"] == 4 and (r["alloc/n_min"], r["alloc/n_max"]) == (2, 14)
+        assert r["alloc/unsolved_share"] == 28 / 32 and r["alloc/unsolved_active"] == 2
+        assert r["alloc/solved_n_median"] == 2.0
+
+
+def test_the_unsolved_share_counts_a_prompt_left_out_as_zero_rollouts():
+    from sera.lm_loop import unsolved_metrics
+
+    # prompts 0 and 2 never solved; prompt 2 left out of the active set, so it got none
+    got = unsolved_metrics([True, False, True, False], prompts=np.array([0, 1, 3]), counts=np.array([10, 4, 2]))
+    assert got == {"alloc/unsolved_share": 10 / 16, "alloc/unsolved_active": 1, "alloc/solved_n_median": 3.0}
+    got = unsolved_metrics([True, True], prompts=np.array([1]), counts=np.array([8]))
+    assert got == {"alloc/unsolved_share": 1.0, "alloc/unsolved_active": 1}  # no solved prompt: no median
+
+
 def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):
     with pytest.raises(ValueError, match="read in epochs"):
         run_toy(loop_cfg("sera", None, 0, steps=2), tmp_path / "a")
