@@ -107,6 +107,14 @@ def evaluation_records(run: Path) -> list[str]:
     return sorted(f.name for f in run.iterdir() if is_evaluation_record(f.name))
 
 
+def differing_records(run: Path, other: Path) -> list[str]:
+    """The evaluation records that are not the same bytes in both run directories (one side lacking a record counts),
+    sorted; [] when the two evaluated the same model alike."""
+    names = sorted(set(evaluation_records(run)) | set(evaluation_records(other)))
+    return [n for n in names if not ((run / n).exists() and (other / n).exists())
+            or (run / n).read_bytes() != (other / n).read_bytes()]  # fmt: skip
+
+
 def retrained(runs: Path, archive: Path) -> list[Path]:
     """Finished runs under `runs` (not restored ones) whose archived run of the same name and config holds other
     evaluation records: the run was trained again (on another CPU or kernel level the same seed gives another model).
@@ -116,10 +124,7 @@ def retrained(runs: Path, archive: Path) -> list[Path]:
         local, stored = runs / rel, archive / rel
         if (local / ARCHIVED_FILE).exists() or not (stored / DONE_FILE).exists():
             continue
-        records = evaluation_records(local)
-        if records != evaluation_records(stored) or any(
-            (local / n).read_bytes() != (stored / n).read_bytes() for n in records
-        ):
+        if differing_records(local, stored):
             out.append(rel)
     return out
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from paper_figures.archive import GZIPPED, evaluation_records
-from paper_figures.runs import load_run, read_jsonl
+from paper_figures.archive import GZIPPED, differing_records
+from paper_figures.runs import Run, load_run, read_jsonl
 from sera.runlog import DONE_FILE, METRICS_FILE
 
 ADDED = ("alloc/unsolved_share", "alloc/unsolved_active", "alloc/solved_n_median")
@@ -42,17 +42,12 @@ def comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith("time/") and k not in ADDED}
 
 
-def check(rerun: Path, archived: Path) -> list[str]:
+def check(rerun: Run, archived: Path) -> list[str]:
     """What differs between a rerun and its archived run, apart from timings and E2's values; [] when nothing."""
     if not (archived / DONE_FILE).exists():
         return [f"no finished archived run at {archived}"]
-    problems = []
-    names = evaluation_records(rerun)
-    if names != evaluation_records(archived):
-        problems.append(f"evaluation records {names} where the archive has {evaluation_records(archived)}")
-    problems += [f"{n} differs" for n in names if (archived / n).exists() and
-                 (rerun / n).read_bytes() != (archived / n).read_bytes()]  # fmt: skip
-    mine, theirs = read_jsonl(rerun / METRICS_FILE)[0], archived_records(archived)
+    problems = [f"evaluation record {n} differs or is missing" for n in differing_records(rerun.path, archived)]
+    mine, theirs = rerun.records, archived_records(archived)
     if len(mine) != len(theirs):
         problems.append(f"{len(mine)} step records where the archive has {len(theirs)}")
     for a, b in zip(mine, theirs, strict=False):
@@ -62,12 +57,11 @@ def check(rerun: Path, archived: Path) -> list[str]:
     return problems
 
 
-def describe(rerun: Path, spans: int = 3) -> dict:
+def describe(run: Run, spans: int = 3) -> dict:
     """Per-seed description of a rerun's E2 values over the steps that log them (see the module docstring)."""
-    run = load_run(rerun)
     steps, share = run.series("alloc/unsolved_share")
     if not steps.size:
-        raise ValueError(f"{rerun} logs no alloc/unsolved_share: not a run of the authors' rule with E2's logging")
+        raise ValueError(f"{run.path} logs no alloc/unsolved_share: not a run of the authors' rule with E2's logging")
     _, active = run.series("alloc/active")
     _, unsolved_active = run.series("alloc/unsolved_active")
     _, median = run.series("alloc/solved_n_median")
@@ -106,13 +100,14 @@ def main(argv=None) -> int:
     if not reruns:
         parser.error(f"no finished run {PATTERN} under {args.runs}")
     rows, failed = [], 0
-    for rerun in reruns:
-        problems = check(rerun, args.archive / rerun.name)
+    for path in reruns:
+        rerun = load_run(path)
+        problems = check(rerun, args.archive / path.name)
         if problems:
             failed += 1
-            print(f"{rerun}: not the archived run, so not described: " + "; ".join(problems), file=sys.stderr)
+            print(f"{path}: not the archived run, so not described: " + "; ".join(problems), file=sys.stderr)
             continue
-        print(f"{rerun}: evaluation and step records are the archived run's (timings and E2's values aside)")
+        print(f"{path}: evaluation and step records are the archived run's (timings and E2's values aside)")
         rows.append(describe(rerun))
     if rows:
         print("\nExploratory (E2, no test): where the authors' rule puts its rollouts\n")
