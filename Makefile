@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
+.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara sink tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -221,6 +221,22 @@ else
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
 endif
+
+# The never-solved sink (results/cpu/PLAN_SINK.md, exploratory): the authors' rule on the maze pool with one change,
+# configs/sink/$(INTERVENTION).yaml, beside C5's archived runs (MaxRL rerun too where the change is MaxRL's as well:
+# authors_optim); INTERVENTION=control reruns C5's own runs with the sink measures in runs/e2 (E2, checked against the
+# archive by paper_figures.unsolved). Seeds: those whose archived base model reproduces on this CPU (the plan).
+INTERVENTION ?=
+SINK_SEEDS ?= 17-22
+SINK_ROOT = $(if $(filter control,$(INTERVENTION)),run.root=runs/e2)
+SINK_METHODS = $(if $(filter authors_optim,$(INTERVENTION)),maxrl$(comma))sera
+sink: SCALE = cpu_pool
+sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim SINK_SEEDS=17-22 JOBS= (a run 25-30 min on one core)
+	@test "$(INTERVENTION)" = control -o -f "configs/sink/$(INTERVENTION).yaml" || { echo "make sink needs INTERVENTION=control or one of: $$(ls configs/sink | sed 's/\.yaml$$//' | paste -sd' ')"; exit 2; }
+	$(if $(SINK_ROOT),,$(ARCHIVE) restore --folder maze-cpu_pool)
+	$(call BASES,$(MAZE) scale=maze/$(SCALE) $(SINK_ROOT),$(call seeds,$(SINK_SEEDS)))
+	$(MAZE) scale=maze/$(SCALE) $(SINK_ROOT) method=$(SINK_METHODS) method.aggregation=token-mean $(if $(SINK_ROOT),,+sink=$(INTERVENTION)) seed=$(call seeds,$(SINK_SEEDS))
+	$(if $(SINK_ROOT),$(PY) -m paper_figures.unsolved --runs runs/e2/maze-cpu_pool --archive results/runs/maze-cpu_pool,$(ARCHIVE) save --folder maze-cpu_pool)
 
 # The maze through SERA inside TRL (examples/trl_maze.py), what SCALE=paper runs: each seed's base model trained (SFT)
 # and evaluated by the suite's loop on one process, then one accelerate launch a method and seed over GPUS_TRL
