@@ -133,9 +133,12 @@ LAUNCH = $(if $(filter slurm,$(LAUNCHER)),hydra/launcher=slurm,$(if $(filter-out
 # (run.base_only), so two RL runs never train one base: $(call BASES,<study command>,<seeds>)
 BASES = $(if $(LAUNCH),$(1) method=maxrl run.base_only=true seed=$(2))
 COMPARE = $(PY) -m paper_figures.numerics compare
+# A reproduce target reproduces: a run restored from the archive (records only, marked ARCHIVED by `make tables` or an
+# earlier grid) is trained again here, not skipped as finished; runs of other seeds stay restored for the tables.
+RERUN = run.rerun_archived=true
 # Results depend on the torch thread count (float summation order): one thread, so they do not depend on how busy
 # the machine is when threads=auto resolves.
-IMAGENET = $(call LEVEL,imagenet-$(IMAGENET_SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1 \
+IMAGENET = $(call LEVEL,imagenet-$(IMAGENET_SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1 $(RERUN) \
 	$(LAUNCH)
 
 # The classifier's default is the paper's regime (scale=imagenet/gauss1000, results/cpu/PREREGISTRATION_CLASSIFICATION.md):
@@ -169,11 +172,12 @@ ifeq ($(IMAGENET_SCALE),cpu)
 	$(COMPARE) imagenet-cpu_scratch
 endif
 	$(PY) -m paper_figures.imagenet table2 --scale $(IMAGENET_SCALE)
+	$(if $(filter gauss1000,$(IMAGENET_SCALE)),$(PY) -m paper_figures.imagenet prereg --scale gauss1000)
 	$(COMPARE) imagenet-$(IMAGENET_SCALE)
 
 STUDY ?= imagenet
 METHOD ?= sera
-ABLATE = $(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
+ABLATE = $(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 $(RERUN) \
 	scale=$(STUDY)/$(SCALE) $(LAUNCH)
 ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= [METHOD=sera] [SCALE=smoke: seconds]; prints where its table and plot went
 	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
@@ -205,7 +209,7 @@ BASELINES ?= 1
 # authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool); the
 # paper scales and the TRL targets run the authors' rule
 SERA ?= $(if $(filter paper,$(SCALE))$(filter %-trl,$(MAKECMDGOALS)),sera,sera_pilot)
-MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
+MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 $(RERUN) \
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
@@ -256,7 +260,7 @@ reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=pape
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
-MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
+MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1 $(RERUN) \
 	$(LAUNCH)
 MATH_SEEDS ?= 0
 MODEL ?= smollm2-360m-instruct
@@ -351,7 +355,7 @@ comma := ,
 SARA_LIST = $(subst $(comma), ,$(SARA_STUDIES))
 SARA_RUN = $(filter $(1),$(SARA_LIST))
 # A study's sequential grid, at the level its archived runs recorded (finished runs are kept in results/runs/ too)
-SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 \
+SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 $(RERUN) \
 	scale=$(1)/$(SCALE)_sara $(LAUNCH)
 
 reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke JOBS= (a seed, one run at a time: 25-53 min a study; JOBS=2: maze 12-13 min, tiny-math 21-28 min)

@@ -62,6 +62,7 @@ from sera.runlog import (
     RunDir,
     SkipGuard,
     check_finite_eval,
+    drop_restored,
     eval_record_file,
     extend_run,
     finished_summary,
@@ -651,6 +652,8 @@ def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads:
             raise ValueError("run.if_finished=extend runs in one process; extend the run without torchrun")
         if extend_run(out_dir, config):
             print(f"{out_dir}: extending to {ls.steps} steps from its last checkpoint (run.if_finished=extend)")
+    if cfg.run.get("rerun_archived", False):  # a reproduce target: a copy of the archive reproduces nothing
+        drop_restored(out_dir)
     summary = finished_summary(out_dir, config)
     if summary is not None and cfg.run.if_finished in ("skip", "extend"):
         print(f"{out_dir} is finished with this config; skipping (run.if_finished={cfg.run.if_finished})")
