@@ -44,6 +44,7 @@ class SinkMonitor:
     def __init__(self, num_prompts: int, warn_share: float = WARN_SHARE):
         self.history = BetaHistory(num_prompts)  # the authors' defaults: what their rule would read
         self.warn_share = float(warn_share)
+        self.warn = True  # False on all processes but one, where every process watches the same global batch
         self.epoch_rollouts = 0  # this epoch's rollouts, and those on prompts never solved when the step began
         self.epoch_unsolved = 0
 
@@ -100,6 +101,7 @@ class SinkMonitor:
             metrics["sink/epoch_unsolved_share"] = float(share)
             if share > self.warn_share:
                 metrics["sink/warned"] = 1
+            if share > self.warn_share and self.warn:
                 with warnings.catch_warnings():
                     warnings.simplefilter("always", SinkWarning)  # once per epoch that crosses, not once a run
                     warnings.warn(
@@ -118,3 +120,16 @@ class SinkMonitor:
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state["history"])
         self.epoch_rollouts, self.epoch_unsolved = int(state["epoch_rollouts"]), int(state["epoch_unsolved"])
+
+    def arrays(self) -> dict:
+        """The state as flat arrays (np.savez: SERAGRPOTrainer's checkpoints)."""
+        return {
+            **self.history.state_dict(),
+            "epoch_rollouts": self.epoch_rollouts,
+            "epoch_unsolved": self.epoch_unsolved,
+        }
+
+    def load_arrays(self, saved) -> None:
+        counters = ("epoch_rollouts", "epoch_unsolved")
+        history = {k: saved[k] for k in saved if k not in counters}
+        self.load_state_dict({"history": history, **{k: saved[k] for k in counters}})
