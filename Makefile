@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv and install the pinned environment (constraints.txt)
 
-test: install ## run the test suite (CPU, offline, about 11 minutes alone) and print the slowest tests
+test: install ## run the test suite (CPU, offline, 11-22 minutes alone by CPU: README) and print the slowest tests
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: install ## the test suite without the slow end-to-end runs (marked slow), for the edit-test loop
@@ -381,6 +381,7 @@ tables: install ## rebuild every table into paper_figures/out/ and add new ones 
 	$(PY) -m paper_figures.report --scale $(SCALE) --runs runs --out paper_figures/out --results results/$(SCALE) $(if $(FORCE),--force $(FORCE))
 	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.prereg --runs runs $(if $(FORCE),--force))
 	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.claims --results results/cpu)
+	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.sink $(if $(FORCE),--force))
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 

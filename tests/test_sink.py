@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from sera.allocation import active_waterline
 from sera.sink import SinkMonitor, SinkWarning
@@ -78,3 +81,66 @@ def test_excluded_prompts_get_no_rollouts_unless_the_budget_needs_them():
     assert (few > 0).sum() == 3 and few.sum() == 192  # three prompts needed under n_max = 64: one excluded comes back
     everyone = active_waterline(p, 64, 2, 64, 0.0, exclude=np.array([True, False, False, False]))
     assert everyone[0] == 0 and (everyone[1:] >= 2).all() and everyone.sum() == 64
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_footprint_is_recomputed_from_the_archive_and_quoted_as_it_is(tmp_path):
+    """results/cpu/sink/footprint.md, rebuilt from C5's and C6's archived runs, cell by cell; and the numbers README's
+    C5 sentence quotes from it (rounded to integers there) are its cells."""
+    from paper_figures import archive, guard, sink
+    from paper_figures.prereg import CLAIMS
+    from paper_figures.render import write_table
+    from paper_figures.runs import load_runs
+
+    for folder in ("maze-cpu_pool", "math-cpu"):
+        archive.restore(ROOT / "results" / "runs" / folder, tmp_path / folder)
+    c6 = next(c for c in CLAIMS if c.name.startswith("C6"))
+    rows = sink.footprint_rows(sink.C5, load_runs(tmp_path / "maze-cpu_pool"))
+    rows += sink.footprint_rows(c6, load_runs(tmp_path / "math-cpu"))
+    built = write_table(tmp_path / "footprint", sink.FOOTPRINT, rows)
+    committed = (ROOT / "results" / "cpu" / "sink" / "footprint.md").read_text()
+    assert built.strip() == committed.strip()
+    table = next(iter(guard.parse(committed)[0].values()))
+    cell = {(r[0].split()[0], r[1]): dict(zip(table.header, r, strict=True)) for r in table.rows}
+    rule, maxrl = cell[("C5", "sera")], cell[("C5", "maxrl")]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    mixed = "mixed groups a step (median of run means)"
+    quoted = (f"every one of the rule's {rule['seeds']} runs has such steps, a median of "
+              f"{float(rule['steps with no gradient (median a run)']):.0f} a run; MaxRL {maxrl['in total']} in all "
+              f"{maxrl['seeds']} runs) and as {float(rule[mixed]):.0f} mixed groups a step against MaxRL's "
+              f"{float(maxrl[mixed]):.0f}")  # fmt: skip
+    assert quoted in readme
+    assert rule["runs with one"] == f"{rule['seeds']} of {rule['seeds']}"
+
+
+def fake_run(root: Path, name: str, method: str, seed: int, passed: int, base: str, **config) -> None:
+    """A finished maze-pool run whose held-out record at step 800 has `passed` of 4 mazes solved in every sample."""
+    run = root / name
+    run.mkdir(parents=True)
+    cfg = {"experiment": "maze", "seed": seed, "method": {"name": method, "naming": 2, "aggregation": "token-mean"},
+           **config}  # fmt: skip
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "DONE").write_text("{}")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 799, "train/live_rollouts": 5}) + "\n")
+    (run / "base.json").write_text(json.dumps({"eval_sha256": base}))
+    record = {"ids": [0, 1, 2, 3], "n": 64, "correct": [64] * passed + [0] * (4 - passed)}
+    (run / "eval_step800_heldout.json").write_text(json.dumps(record))
+
+
+def test_an_intervention_pairs_with_the_archived_maxrl_run_of_its_seed_only_from_one_base_model(tmp_path):
+    from paper_figures import sink
+    from paper_figures.runs import load_runs
+
+    registered, interventions = tmp_path / "maze-cpu_pool", tmp_path / "sink" / "maze-cpu_pool"
+    for seed in (17, 18, 19):
+        fake_run(registered, f"maxrl_seed-{seed}", "maxrl", seed, 3, f"b{seed}")
+        fake_run(registered, f"sera_seed-{seed}", "sera", seed, 1, f"b{seed}")
+        base = "other" if seed == 19 else f"b{seed}"  # seed 19's base model did not reproduce: no pair
+        fake_run(interventions, f"sera_floor_seed-{seed}", "sera", seed, 2 + (seed == 18), base, alloc={"n_min": 4})
+    rows = {r[0]: r for r in sink.intervention_rows(load_runs(registered), load_runs(interventions))}
+    name, seeds, own, rule, versus, reading, each = rows["floor"]
+    assert seeds == 2 and each == "17: -25.00, 18: +0.00"  # Pass@32 50% and 75% against MaxRL's 75%
+    assert own.startswith("-12.50 [") and rule.startswith("-50.00") and versus.startswith("+37.50 [")
+    assert reading == "in progress (2 of 6 seeds)" and rows["leave_out"][1] == 0
