@@ -332,7 +332,7 @@ reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper ru
 
 RETRAINED_SEEDS ?= 1,2
 RETRAINED = $(call LEVEL,retrained/$(1)-cpu) $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained \
-	run.if_finished=$(IF_FINISHED) threads=1 $(LAUNCH)
+	run.if_finished=$(IF_FINISHED) threads=1 $(RERUN) $(LAUNCH)
 RETRAINED_MATH := grpo,pkpo,maxrl
 
 reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~3 h of runs, one after another)

@@ -245,3 +245,19 @@ def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accel
     assert fsdp2.distributed_type == "FSDP" and fsdp2.fsdp_config["fsdp_version"] == 2
     ddp = load_config_from_file(str(ROOT / "configs/accelerate/ddp.yaml"))
     assert ddp.distributed_type == "MULTI_GPU" and ddp.mixed_precision == "no"
+
+
+@pytest.mark.parametrize(
+    "target, variables, study",
+    [("reproduce-imagenet", (), "imagenet"), ("reproduce-imagenet", ("SCALE=cpu",), "imagenet"),
+     ("reproduce-maze", ("BASELINES=",), "maze"), ("reproduce-math", ("BASELINES=",), "math"),
+     ("reproduce-sara", ("SARA_STUDIES=imagenet,math",), "math"), ("reproduce-retrained", (), "maze"),
+     ("ablate", ("STUDY=imagenet", "SETTING=n0", "VALUES=16,32", "SCALE=smoke"), "imagenet")],
+)  # fmt: skip
+def test_every_reproduce_target_trains_again_the_runs_restored_from_the_archive(target, variables, study):
+    """A reproduction reruns what `make tables` restored (run.rerun_archived=true on every training sweep); the sink's
+    grid continues its archive instead (a seed finished in an earlier session is not trained again)."""
+    sweeps = [line for line in dry_run(target, *variables) if f"experiments.{study}.train" in line]
+    assert sweeps and all("run.rerun_archived=true" in line for line in sweeps)
+    sink = [line for line in dry_run("sink", "INTERVENTION=floor") if "experiments.maze.train" in line]
+    assert sink and not any("rerun_archived" in line for line in sink)
