@@ -24,9 +24,14 @@ EXAMPLE = ROOT / "examples" / "allocator_loop.py"
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "sera", "experiments", "paper_figures")
 
 
-def run_blocked(code: str) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter at the repository root in which importing any HEAVY package raises."""
-    block = f"import sys\nfor name in {HEAVY!r}:\n    sys.modules[name] = None\n"
+# what the studies add to the trl extra (torch, transformers, trl and what they pull): sera.trl must do without them
+STUDIES_ONLY = ("torchvision", "hydra", "omegaconf", "wandb", "numba", "matplotlib", "sklearn", "math_verify",
+                "reasoning_gym", "gguf")  # fmt: skip
+
+
+def run_blocked(code: str, blocked: tuple[str, ...] = HEAVY) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter at the repository root in which importing any `blocked` package raises."""
+    block = f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
     return subprocess.run([sys.executable, "-c", block + code], cwd=ROOT, capture_output=True, text=True)
 
 
@@ -52,6 +57,11 @@ def test_a_core_module_imports_without_the_heavy_packages(module):
 def test_the_guard_catches_a_module_that_imports_torch():
     done = run_blocked("import sera.losses")
     assert done.returncode != 0 and "torch" in done.stderr
+
+
+def test_sera_trl_imports_with_the_trl_extra_alone():
+    done = run_blocked("import sera.trl", STUDIES_ONLY)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_allocator_example_runs_without_the_heavy_packages_and_prints_what_its_page_shows():
