@@ -16,7 +16,8 @@ import pytest
 from tests.test_docs import code_and_output
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ("sera", "sera.allocation", "sera.estimation", "sera.advantages", "sera.passk", "sera.stats", "sera.sequential")
+CORE = ("sera", "sera.allocation", "sera.estimation", "sera.advantages", "sera.passk", "sera.stats", "sera.sequential",
+        "sera.sink")  # fmt: skip
 # what the extras bring: an import of any of these from the core fails the guard
 HEAVY = ("torch", "torchvision", "transformers", "trl", "accelerate", "datasets", "hydra", "omegaconf", "wandb",
          "numba", "matplotlib", "sklearn", "yaml", "tqdm")  # fmt: skip
