@@ -368,6 +368,30 @@ def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: floa
     return best if best is not None else allocate(required)
 
 
+def capped_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: float, capped, cap: int) -> np.ndarray:
+    """The authors' rule (`active_waterline`), then at most `cap` rollouts for each prompt in `capped` (B,) bool; the
+    rollouts this frees go to the other active prompts, whose counts are equalised again by the rule over what the
+    capped ones leave of the budget, each within [n_min, n_max]. Where even n_max each cannot hold it all, the rest
+    goes back to the capped prompts, spread evenly. Not the authors': the sink intervention alloc.never_solved=cap
+    (results/cpu/PLAN_SINK.md)."""
+    p, capped = np.asarray(p_hat, dtype=np.float64), np.asarray(capped, dtype=bool)
+    counts = active_waterline(p, budget, n_min, n_max, threshold)
+    over = capped & (counts > cap)
+    free = (counts > 0) & ~capped
+    if not over.any() or not free.any():
+        return counts
+    out = counts.copy()
+    out[over] = cap
+    rest = int(budget - out[~free].sum())
+    take = min(rest, int(free.sum()) * n_max)
+    out[free] = _equalized_counts(p[free], take, n_min, n_max)
+    if rest > take:  # the others are full at n_max: the capped prompts keep the remainder, evenly
+        share = np.full(int(over.sum()), (rest - take) // int(over.sum()))
+        share[: (rest - take) % int(over.sum())] += 1
+        out[np.flatnonzero(over)] += share
+    return out
+
+
 def active_weights(counts, n0: int) -> np.ndarray:
     """The authors' per-prompt weights: n0 / n_i for a prompt with rollouts, 0 for one left out (which still counts
     in the loss's B n0 denominator)."""

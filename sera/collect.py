@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sera.advantages import ADVANTAGES, multiplicity_weights
-from sera.allocation import active_waterline, dars_hw_extra, uniform, waterline
+from sera.allocation import active_waterline, capped_waterline, dars_hw_extra, uniform, waterline
 from sera.estimation import BetaHistory, pilot_p_hat
 from sera.methods import MethodSettings
 from sera.sequential import (
@@ -160,16 +160,19 @@ def collect_active(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=Non
     Prompts outside the active set get no rollouts and are not among the groups trained on; the loss still averages
     over the budget B * n0 (the active prompts' counts add up to it), so they stay in its denominator with weight 0.
     A p_hat with NaN (the Beta history before a prompt has an epoch behind it) allocates the batch uniformly.
-    left_out: None (the authors' rule), or a callable giving (B,) prompts to leave out of the active set where the
-    budget allows (alloc.never_solved=leave_out: the prompts never solved so far).
+    left_out: None (the authors' rule), or a callable giving (mode, (B,) never-solved prompts): mode "leave_out"
+    leaves them out of the active set where the budget allows, "cap" gives each at most n0 (alloc.never_solved).
     """
     draws = _Draws(draw, batch)
     p_hat = np.asarray(p_hat_source(), dtype=np.float64)
     if BetaHistory.needs_uniform(p_hat):
         draws(uniform(batch, s.n0))
         return draws.collected(np.arange(batch))
-    exclude = None if left_out is None else left_out()
-    counts = active_waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.threshold, exclude)
+    mode, never = left_out() if left_out is not None else ("keep", None)
+    if mode == "cap":  # the sink intervention: at most n0 for a never-solved prompt
+        counts = capped_waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.threshold, never, s.n0)
+    else:
+        counts = active_waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.threshold, never)
     draws(counts)
     active = np.flatnonzero(counts)
     return draws.collected(active, p_hat[active], None, {"alloc/active": int(active.size)})

@@ -101,7 +101,7 @@ class Task(Protocol):
 PARALLEL = ("ddp", "fsdp2")
 
 
-NEVER_SOLVED = ("keep", "leave_out")
+NEVER_SOLVED = ("keep", "leave_out", "cap")
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class LoopSettings:
     autocast: str | None = None  # "bfloat16": the loss's forward in bf16 autocast over float32 (master) weights
     trim_responses: bool = False  # each micro-batch cut to its longest response (memory; same log-probs)
     logprob_chunk: int | None = None  # the loss's log-softmax this many positions at a time, recomputed in backward
-    never_solved: str = "keep"  # the authors' rule: keep (theirs) | leave_out never-solved prompts (PLAN_SINK.md)
+    never_solved: str = "keep"  # the authors' rule: keep (theirs) | leave_out | cap never-solved prompts (PLAN_SINK.md)
     uniform_epochs: int = 1  # the authors' rule: epochs allocated uniformly before the Beta history is read (theirs 1)
 
     @classmethod
@@ -345,7 +345,7 @@ def rl_step(
         # runs into the next epoch reads those prompts from the ending epoch's snapshot (docs/design.md section 3)
         history.advance_to(epoch)
         p_hat_source = beta_p_hat(history, first, ls.uniform_epochs)
-        left_out = (lambda: history.never_solved(first)) if ls.never_solved == "leave_out" else None
+        left_out = (lambda: (ls.never_solved, history.never_solved(first))) if ls.never_solved != "keep" else None
     out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state, left_out)
     t_gen = time.perf_counter() - t0
     if out.counts.size == 0:  # nothing to train on: say so and move on

@@ -737,6 +737,17 @@ def test_the_sink_interventions_change_where_the_authors_rule_puts_its_rollouts(
     assert all(r["alloc/unsolved_share"] == 0.5 for r in records[4:12])  # uniform: half the rollouts on odd prompts
 
 
+def test_the_cap_keeps_never_solved_prompts_at_n0(tmp_path):
+    """alloc.never_solved=cap on HalfSolvedEpochToyTask: from epoch 1 the two never-solved prompts get n0 = 8 each
+    (the rule gives them 14) and the two solved ones share the other 16."""
+    cfg = loop_cfg("sera", None, 0, steps=8)
+    cfg.alloc.never_solved = "cap"
+    _, records = run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
+    for r in records[4:]:
+        assert r["alloc/unsolved_share"] == 16 / 32 and r["alloc/unsolved_active"] == 2
+        assert r["alloc/solved_n_median"] == 8.0
+
+
 def test_the_sink_interventions_are_refused_for_a_method_without_the_beta_history(tmp_path):
     cfg = loop_cfg("maxrl", "none", 0, steps=2)
     cfg.alloc.never_solved = "leave_out"

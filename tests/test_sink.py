@@ -144,3 +144,16 @@ def test_an_intervention_pairs_with_the_archived_maxrl_run_of_its_seed_only_from
     assert seeds == 2 and each == "17: -25.00, 18: +0.00"  # Pass@32 50% and 75% against MaxRL's 75%
     assert own.startswith("-12.50 [") and rule.startswith("-50.00") and versus.startswith("+37.50 [")
     assert reading == "in progress (2 of 6 seeds)" and rows["leave_out"][1] == 0
+
+
+def test_capped_prompts_keep_at_most_the_cap_and_the_others_take_what_it_frees():
+    from sera.allocation import capped_waterline
+
+    p = np.array([0.002, 0.3, 0.002, 0.6, 0.05])
+    rule = active_waterline(p, 80, 2, 64, 0.05)
+    capped = capped_waterline(p, 80, 2, 64, 0.05, np.array([True, False, True, False, False]), 16)
+    assert rule[[0, 2]].max() > 16 and capped[[0, 2]].max() <= 16 and capped.sum() == 80
+    assert (capped[[1, 3, 4]] >= rule[[1, 3, 4]]).all() and capped[[1, 3, 4]].sum() > rule[[1, 3, 4]].sum()
+    np.testing.assert_array_equal(capped_waterline(p, 80, 2, 64, 0.05, np.zeros(5, dtype=bool), 16), rule)
+    full = capped_waterline(np.array([0.002, 0.5]), 128, 2, 64, 0.05, np.array([True, False]), 16)
+    assert full.tolist() == [64, 64]  # the other prompt at n_max: the capped one keeps the rest
