@@ -513,6 +513,22 @@ def test_the_warm_up_can_be_given_in_epochs_as_the_authors_recipe_does():
     assert (paper.optim.warmup_steps, paper.optim.warmup_epochs) == (0, 2)
 
 
+def test_the_paper_scale_decays_from_the_warm_ups_end_as_the_authors_do():
+    """The authors' ImageNet recipe: lr 0.1 t/W over a 2-epoch warm-up W, then 0.05 (1 + cos(pi (t - W)/(T - W)))
+    over 20 epochs T, Pass@K every 1000 steps. At ImageNet's 5004 steps an epoch (1,281,167 images, batches of 256):
+    W = 10008, T = 100080; mid-run (t = T/2) the cosine has gone (10 - 2)/(20 - 2) = 4/9 of its way, 80 degrees."""
+    paper = cfg_for("scale=imagenet/paper", "data.root=/nonexistent")
+    assert (paper.optim.schedule, paper.eval.every) == ("warmup_cosine", 1000)
+    w = train.warmup_steps(paper.optim, steps_per_epoch=5004)
+    steps = (0, 5004, 10008, 50040, 55044, 100079)
+    lrs = [train.lr_at(paper, t, 0, 20 * 5004, warmup=w) for t in steps]
+    cos80 = 0.17364817766693033
+    assert w == 10008 and lrs == pytest.approx([0.0, 0.05, 0.1, 0.05 * (1 + cos80), 0.05, 0.0], abs=1e-9)
+    smoke = cfg_for("scale=imagenet/smoke", "optim.schedule=cosine")  # the suite's cosine, from the phase's start
+    lrs = [train.lr_at(smoke, t, 0, 100, warmup=10) / smoke.optim.lr for t in (0, 25, 50)]
+    assert lrs == pytest.approx([0.1, 0.5 + 0.5 * 0.5**0.5, 0.5])
+
+
 @pytest.mark.slow
 def test_two_processes_evaluate_a_batchnorm_model_on_rank_zero_alone(tmp_path):
     """Under torchrun only rank 0 evaluates; a DDP-wrapped model with BatchNorm would make that forward a buffer

@@ -91,8 +91,8 @@ def validate(cfg) -> MethodSettings:
         raise ValueError(f"unknown data.name {cfg.data.name!r}; choose digits1000, gauss1000 or imagenet")
     if cfg.model.get("zero_head", False) and cfg.model.name != "mlp":
         raise ValueError("model.zero_head is for the MLP (the ResNet-50 keeps torchvision's initialisation)")
-    if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine"):
-        raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine")
+    if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine", "warmup_cosine"):
+        raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine|warmup_cosine")
     check_optim(cfg.optim)
     epochs = cfg.optim.get("warmup_epochs")
     if epochs is not None and (not isinstance(epochs, int | float) or epochs < 0 or cfg.optim.warmup_steps):
@@ -141,12 +141,23 @@ def warmup_steps(optim, steps_per_epoch: int) -> int:
 
 
 def lr_at(cfg, step: int, phase_start: int, phase_end: int, warmup: int | None = None) -> float:
-    """Linear warmup (`warmup` steps; None: optim.warmup_steps) from the phase's start, then constant or cosine decay
-    to the phase's end."""
-    t = step - phase_start
-    factor = min(1.0, (t + 1) / max(1, cfg.optim.warmup_steps if warmup is None else warmup))
+    """The learning rate of `step` in the phase [phase_start, phase_end), t = step - phase_start, W = the warm-up
+    (`warmup` steps; None: optim.warmup_steps), T = the phase's length, by optim.schedule:
+    constant: lr min(1, (t+1)/W); cosine: that times 0.5 (1 + cos(pi t/T)), a decay from the phase's start;
+    warmup_cosine (the authors' ImageNet recipe): lr t/W for t < W, then 0.5 lr (1 + cos(pi (t-W)/(T-W))), a
+    decay that starts where the warm-up ends."""
+    t, length = step - phase_start, max(1, phase_end - phase_start)
+    w = cfg.optim.warmup_steps if warmup is None else warmup
+    if cfg.optim.schedule == "warmup_cosine":
+        # the authors' lr_lambda (ChenZihao0121/SERA,
+        # verl/cifar10_experiments/sampling_based_rl_objective_experiments.py): a LambdaLR whose step counts optimizer
+        # steps from 0; the 1e-6 it adds to T - W is left out
+        if t < w:
+            return cfg.optim.lr * t / w
+        return cfg.optim.lr * 0.5 * (1 + math.cos(math.pi * (t - w) / max(1, length - w)))
+    factor = min(1.0, (t + 1) / max(1, w))
     if cfg.optim.schedule == "cosine":
-        factor *= 0.5 * (1 + math.cos(math.pi * t / max(1, phase_end - phase_start)))
+        factor *= 0.5 * (1 + math.cos(math.pi * t / length))
     return cfg.optim.lr * factor
 
 
