@@ -45,7 +45,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sera.advantages import ADVANTAGES
 from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics
-from sera.distributed import gathered_state
+from sera.distributed import gathered_state, rank_seed
 from sera.estimation import P_HI, P_LO, BetaHistory, HistoricalEstimator
 from sera.methods import MethodSettings, Study
 
@@ -532,7 +532,10 @@ class RecordsCallback(transformers.TrainerCallback):
             )
         from sera.lm_loop import evaluate
 
-        generator = torch.Generator().manual_seed(self.seed + step)
+        # each rank its own noise (the seed + step itself on rank 0 and in one process): with one seed on every rank,
+        # the j-th question of each rank would share its samples' seeds, coupling questions the bootstrap treats as
+        # independent
+        generator = torch.Generator().manual_seed(rank_seed(self.seed + step))
         with policy_engine(self.trainer, model, self.task) as engine:
             metrics, records = evaluate(self.settings, self.task, engine, generator)
             self.engines.append(type(engine).__name__)

@@ -13,6 +13,7 @@ The grid of the paper's Table 2 is `make reproduce-imagenet`; the pilot-size abl
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import sys
@@ -53,7 +54,7 @@ from sera import identity
 from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings, name_failures
-from sera.distributed import all_gather, unwrapped, world_info
+from sera.distributed import PROCESS_GROUP_TIMEOUT_S, all_gather, unwrapped, world_info
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
@@ -180,7 +181,8 @@ def setup_distributed(cfg):
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
     if world > 1:
-        torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+        timeout = datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)  # ranks > 0 wait while rank 0 evaluates
+        torch.distributed.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
