@@ -99,6 +99,26 @@ def test_two_processes(tmp_path):
         check_step(r)
 
 
+@pytest.mark.slow
+def test_two_processes_evaluate_with_noise_of_their_own_and_a_day_to_wait(tmp_path):
+    """torchrun, two CPU processes: the launch scripts' process group waits a day in a collective (TrainingArguments'
+    default, 30 minutes, would abort a run whose ranks drift further apart in an evaluation), and each rank samples
+    its questions with noise of its own: rank 0 draws what one process seeded with seed + step draws, rank 1 other
+    numbers (with one seed on both, the j-th question of each rank would share its samples' noise)."""
+    out = tmp_path / "records.json"
+    done = subprocess.run([*TORCHRUN, "-m", "tests.records_ddp_toy", str(out)], env=ENV, cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
+    r = json.loads(out.read_text())
+    assert r["timeout_s"] == 24 * 3600
+    (rank0, rank1) = [[draw for _, draw in pairs] for pairs in r["draws"]]
+    assert [q for q, _ in r["draws"][0]] == [0, 2] and [q for q, _ in r["draws"][1]] == [1, 3]  # question i mod 2
+    one_process = torch.Generator().manual_seed(11 + 2)  # the toy's seed + step
+    assert rank0 == [float(torch.rand((), generator=one_process)) for _ in range(2)]
+    assert len(set(rank0) | set(rank1)) == 4
+    assert r["record"] == {"ids": [0, 1, 2, 3], "n": 1, "correct": [0, 0, 0, 0]}
+
+
 def test_history_estimator_across_steps_and_resume(tmp_path):
     """estimator=history: the first step has no estimate (uniform); the next step's p_hat is each prompt's clipped
     success rate of the step before, allocated by the waterline; the estimator's state is saved with each checkpoint
@@ -456,6 +476,26 @@ def test_launch_script_takes_a_study_config(tmp_path):
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (16, 3)
     with pytest.raises(ValueError, match="48 rows a step do not split into micro-batches of 10 over 1 processes"):
         main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--micro-rows", "10"])
+
+
+def test_the_run_folder_route_evaluates_every_set_of_the_config(tmp_path, monkeypatch):
+    """Tables 6 and 7 need BeyondAIME, AIME 2025, MATH-500 and OlympiadBench: a TRL run of the Qwen2.5-Math config
+    written as the suite's run folder (--run-dir, what make reproduce-math SCALE=paper launches) records each of them,
+    not the first alone, and generates the records' rollouts in calls as large as the config's."""
+    import examples.trl_math as script
+    from experiments.math.data import REGISTRY, local_path, write_jsonl
+
+    sets = ["beyondaime", "aime2025", "math500", "olympiadbench"]
+    for slug, count in [("simplerl-math35", 256), *[(name, 3) for name in sets]]:
+        problems = [{"id": f"{slug}-{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(count)]
+        write_jsonl(problems, local_path(slug, REGISTRY[slug].split, tmp_path))
+    overrides = ["scale=math/paper_qwen25math", "method=sera", f"data.dir={tmp_path}", f"run.root={tmp_path}"]
+    cfg = script.compose(overrides)
+    a = script.arguments([*script.from_config(overrides, cfg), "--run-dir", "auto"])
+    assert a.record_max_rollouts == cfg.eval.max_rollouts_per_call == 65536
+    monkeypatch.setattr(script, "suite_folder", lambda *args, **kwargs: None)  # no base run needed to read the sets
+    _, _, train, evals = script.load(a, script.suite_run(overrides, a, cfg))
+    assert list(evals) == sets and [len(v) for v in evals.values()] == [3, 3, 3, 3] and len(train) == 256
 
 
 @pytest.mark.slow
