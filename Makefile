@@ -39,9 +39,9 @@ docs: install ## build the documentation site into site/ (mkdocs, strict; the co
 
 GPUS ?= 8
 GPU_GB ?= 80
-plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|maze SCALE=paper MODEL=... GPUS=8 GPU_GB=80; TRL=1 [SHARDED=1]: the TRL route the paper scales launch); exit 1 if it cannot fit
+plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|maze SCALE=paper MODEL=... GPUS=8 GPU_GB=80; TRL=1 [SHARDED=1]: the TRL route the paper scales launch, at the study's micro-batch); exit 1 if it cannot fit
 	$(PY) -m sera.plan $(if $(filter maze,$(STUDY)),maze scale=maze/$(SCALE),math scale=$(MATH_SCALE)) --gpus $(GPUS) --gpu-gb $(GPU_GB) \
-		$(if $(TRL),--trl --micro-rows $(MATH_TRL_MICRO_ROWS) $(if $(SHARDED),--sharded))
+		$(if $(TRL),--trl --micro-rows $(if $(filter maze,$(STUDY)),$(MAZE_TRL_MICRO_ROWS),$(MATH_TRL_MICRO_ROWS)) $(if $(SHARDED),--sharded))
 
 test-gpu: install ## GPU machines only: the LM paths on CUDA, TRL in bf16 and sharded, the classifier on two GPUs; with .venv-gpu also vLLM colocate
 	$(PY) -m pytest -q tests/gpu

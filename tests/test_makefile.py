@@ -245,3 +245,10 @@ def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accel
     assert fsdp2.distributed_type == "FSDP" and fsdp2.fsdp_config["fsdp_version"] == 2
     ddp = load_config_from_file(str(ROOT / "configs/accelerate/ddp.yaml"))
     assert ddp.distributed_type == "MULTI_GPU" and ddp.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("study, rows", [("maze", "512"), ("math", "4")])
+def test_the_trl_plan_takes_the_studys_own_micro_batch(study, rows):
+    """make plan TRL=1 plans the micro-batch the study's TRL launch uses (MAZE_TRL_MICRO_ROWS, MATH_TRL_MICRO_ROWS)."""
+    line = " ".join(dry_run("plan", f"STUDY={study}", "SCALE=paper", "TRL=1"))  # the recipe spans two lines
+    assert f"-m sera.plan {study} " in line and f"--trl --micro-rows {rows} " in f"{line} "
