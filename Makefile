@@ -43,9 +43,10 @@ plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|
 	$(PY) -m sera.plan $(if $(filter maze,$(STUDY)),maze scale=maze/$(SCALE),math scale=$(MATH_SCALE)) --gpus $(GPUS) --gpu-gb $(GPU_GB) \
 		$(if $(TRL),--trl --micro-rows $(if $(filter maze,$(STUDY)),$(MAZE_TRL_MICRO_ROWS),$(MATH_TRL_MICRO_ROWS)) $(if $(SHARDED),--sharded))
 
-test-gpu: install ## GPU machines only: the LM paths on CUDA, TRL in bf16 and sharded, the classifier on two GPUs; with .venv-gpu also vLLM colocate
+test-gpu: install ## GPU machines only, after checking the driver suits torch's CUDA build and torch sees a GPU: the LM paths on CUDA, TRL in bf16 and sharded, the classifier on two GPUs; with .venv-gpu also vLLM colocate
+	$(PY) -m sera.driver --torch
 	$(PY) -m pytest -q tests/gpu
-	$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python -m pytest -q tests/gpu -k "vllm or mixed_precision")
+	$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python -m sera.driver --torch && $(GPU_VENV)/bin/python -m pytest -q tests/gpu -k "vllm or mixed_precision")
 
 test-faults: install ## fault injection: SIGKILL a real run at random moments FAULT_KILLS times, resume, compare
 	FAULT_KILLS=$${FAULT_KILLS:-40} $(PY) -m pytest -q tests/test_run_dirs.py -k random_kills
@@ -87,18 +88,23 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	touch $(VLLM_STAMP)
 
 # The CUDA environment (GPU machines): vLLM's CUDA build, its CUDA torch, TRL, accelerate and DeepSpeed, pinned in
-# constraints-gpu.txt. From PyPI itself (--isolated: a machine's pip configuration may point at a CPU wheel mirror);
-# the repo goes in without dependencies, as in .venv-vllm.
+# constraints-gpu.txt; the repo goes in without dependencies, as in .venv-vllm. The driver is checked first (the
+# pinned torch is a CUDA 13.0 build: sera/driver.py). Wheels come from where the user's pip configuration says (a
+# mirror, a proxy, a private index); GPU_PIP_INDEX= names one index instead, e.g. https://pypi.org/simple where the
+# configured one serves CPU wheels, which the check after the install reports.
 GPU_VENV := .venv-gpu
 GPU_PACKAGES := vllm trl accelerate deepspeed datasets hydra-core omegaconf scipy numba math-verify reasoning-gym tqdm \
 	pyyaml pytest
-GPU_PIP = --isolated --index-url https://pypi.org/simple -c constraints-gpu.txt $(GPU_PACKAGES)
+GPU_PIP_INDEX ?=
+GPU_PIP = $(if $(GPU_PIP_INDEX),--index-url $(GPU_PIP_INDEX)) -c constraints-gpu.txt $(GPU_PACKAGES)
 
-install-gpu: ## GPU machines: create .venv-gpu (CUDA torch, vLLM's CUDA build, TRL, DeepSpeed; constraints-gpu.txt)
+install-gpu: ## GPU machines: check the NVIDIA driver, then create .venv-gpu (CUDA torch, vLLM's CUDA build, TRL, DeepSpeed; constraints-gpu.txt) with the user's pip configuration (GPU_PIP_INDEX=: one index instead)
+	$(PYTHON) -m sera.driver
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/pip install -q --upgrade pip
 	$(GPU_VENV)/bin/pip install -q $(GPU_PIP)
 	$(GPU_VENV)/bin/pip install -q --no-deps -e .
+	$(GPU_VENV)/bin/python -m sera.driver --torch
 
 install-gpu-dry-run: ## resolve install-gpu's environment without installing it (a CPU machine will do; pip downloads the wheels, about 4 GB, to its cache)
 	rm -rf /tmp/sera-gpu-dry-run && $(PYTHON) -m venv /tmp/sera-gpu-dry-run
