@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,6 +220,8 @@ class SERAGRPOTrainer(GRPOTrainer):
             raise TypeError(f"SERAGRPOTrainer needs args=SERAGRPOConfig(...), got {type(config).__name__}")
         settings = config.sera_settings()
         check_supported(config, settings, given)
+        if note := vllm_seed_note(config):
+            warnings.warn(note, stacklevel=2)
         self.sera = settings
         self.last_step: SeraStep | None = None
         self._history, self._history_index = None, None
@@ -685,6 +688,18 @@ def reload_colocated_weights(generation) -> None:
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=iter(weights.items()))
     generation.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
+
+
+def vllm_seed_note(config: GRPOConfig) -> str | None:
+    """What a colocated vLLM engine's sampling seed is under TRL 1.16 (None without one): TRL builds it with
+    seed=process index (trl/generation/vllm_generation.py, LLM(..., seed=accelerator.process_index // tensor
+    parallel size)), so the run's seed does not reach the training samples' noise. Whether vLLM then draws from that
+    seed alone or from torch's generator, which the trainer reseeds, only a GPU run can tell; a warning until then."""
+    if not (config.use_vllm and config.vllm_mode == "colocate"):
+        return None
+    return (f"TRL {trl.__version__} seeds each colocated vLLM engine with its process index, not seed={config.seed}: "
+            "runs that differ only in their seed may draw their training samples with the same noise (the data order "
+            "still follows the seed)")  # fmt: skip
 
 
 def check_supported(config: SERAGRPOConfig, settings: MethodSettings, given: dict) -> None:

@@ -63,7 +63,8 @@ def main(out: str) -> None:
         args.device  # noqa: B018  (sets up the process group, as the trainer would, with TrainingArguments' timeout)
         assert world_info()[1] == 2
         group = torch.distributed.distributed_c10d._get_default_group()
-        timeout = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # NCCL's group on GPUs, gloo's here
+        timeout = group._get_backend(device).options._timeout.total_seconds()
         engine = DrawingEngine()
         sera.trl.policy_engine = lambda trainer, model, task: contextlib.nullcontext(engine)
         callback = sera.trl.RecordsCallback(tmp, ToyTask(), every=STEP, samples=1, ks=[1], max_new_tokens=1, seed=SEED,
@@ -76,6 +77,18 @@ def main(out: str) -> None:
             record = json.loads(next(Path(tmp).glob("*.json")).read_text())
             Path(out).write_text(json.dumps({"timeout_s": timeout, "draws": draws, "record": record}))
     torch.distributed.barrier()
+
+
+def check(r: dict) -> None:
+    """OUT.json's checks (tests/test_trl.py, tests/gpu): a day's timeout; questions i mod 2 on rank i mod 2; rank 0
+    draws what one process seeded with seed + step draws, rank 1 other numbers; the record holds every question."""
+    assert r["timeout_s"] == 24 * 3600
+    (rank0, rank1) = [[draw for _, draw in pairs] for pairs in r["draws"]]
+    assert [q for q, _ in r["draws"][0]] == [0, 2] and [q for q, _ in r["draws"][1]] == [1, 3]
+    one_process = torch.Generator().manual_seed(SEED + STEP)
+    assert rank0 == [float(torch.rand((), generator=one_process)) for _ in range(2)]
+    assert len(set(rank0) | set(rank1)) == 4
+    assert r["record"] == {"ids": [0, 1, 2, 3], "n": 1, "correct": [0, 0, 0, 0]}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sera.advantages import maxrl
 from sera.allocation import waterline
 from sera.trl import HISTORY_FILE, SERAGRPOConfig, SERAGRPOTrainer
-from tests import trl_toy
+from tests import records_ddp_toy, trl_toy
 from tests.trl_toy import check_step
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
@@ -109,14 +109,20 @@ def test_two_processes_evaluate_with_noise_of_their_own_and_a_day_to_wait(tmp_pa
     done = subprocess.run([*TORCHRUN, "-m", "tests.records_ddp_toy", str(out)], env=ENV, cwd=ROOT, capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
-    r = json.loads(out.read_text())
-    assert r["timeout_s"] == 24 * 3600
-    (rank0, rank1) = [[draw for _, draw in pairs] for pairs in r["draws"]]
-    assert [q for q, _ in r["draws"][0]] == [0, 2] and [q for q, _ in r["draws"][1]] == [1, 3]  # question i mod 2
-    one_process = torch.Generator().manual_seed(11 + 2)  # the toy's seed + step
-    assert rank0 == [float(torch.rand((), generator=one_process)) for _ in range(2)]
-    assert len(set(rank0) | set(rank1)) == 4
-    assert r["record"] == {"ids": [0, 1, 2, 3], "n": 1, "correct": [0, 0, 0, 0]}
+    records_ddp_toy.check(json.loads(out.read_text()))
+
+
+def test_a_colocated_vllm_engine_is_warned_about_its_seed(tmp_path):
+    """TRL 1.16 seeds a colocated vLLM engine with the process index: the note names it and the run's seed; no vLLM,
+    or vLLM's server mode, no note."""
+    from sera.trl import vllm_seed_note
+
+    def config(**kwargs):
+        return SERAGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], seed=7, **kwargs)
+
+    note = vllm_seed_note(config(use_vllm=True, vllm_mode="colocate"))
+    assert "with its process index, not seed=7" in note and trl.__version__ in note
+    assert vllm_seed_note(config()) is None and vllm_seed_note(config(use_vllm=True, vllm_mode="server")) is None
 
 
 def test_history_estimator_across_steps_and_resume(tmp_path):
