@@ -152,20 +152,28 @@ IMAGENET_SCALE = $(if $(filter command line environment,$(origin SCALE)),$(SCALE
 CLASSIFY_SEEDS ?= 0-7
 CLASSIFY_ABLATION_SEEDS ?= 0-2
 ALL_ACTIVE := alloc.threshold=0.0
-# SCALE=paper: ImageNet as an ImageFolder under DATA_ROOT (data.root), one run at a time unless JOBS= says otherwise
-# (the runs of one machine share its first GPU); where the data lives is no part of a run's identity
+# SCALE=paper: ImageNet as an ImageFolder under DATA_ROOT (data.root; where the data lives is no part of a run's
+# identity), one run a GPU on the node's GPUS_IMAGENET GPUs at once (sera.gpu_pool; JOBS and LAUNCHER do not apply):
+# each run is the single-process run, whose Table 2 row has every column (a torchrun run measures no gradient
+# cosines), and the grid's 5 runs a seed keep 5 GPUs busy
 DATA_ROOT ?=
-reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),$(if $(filter paper,$(SCALE)),1,2))
-reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper (DATA_ROOT=; SEEDS=69, the authors' seed)
+GPUS_IMAGENET ?= $(GPUS)
+IMAGENET_PAPER_RUNS := method=direct_ce method=maxrl:n0=16 method=maxrl:n0=128 method=sera:n0=16 method=sera:n0=128
+IMAGENET_ONE = $(call LEVEL,imagenet-paper) $(PY) -m experiments.imagenet.train run.if_finished=skip threads=1 \
+	scale=imagenet/paper $(if $(DATA_ROOT),data.root=$(DATA_ROOT))
+reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),2)
+reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper (DATA_ROOT=; SEEDS=69, the authors' seed; one run a GPU, GPUS_IMAGENET=8 at once)
 ifeq ($(IMAGENET_SCALE),gauss1000)
 	$(IMAGENET) scale=imagenet/gauss1000 method=direct_ce seed=$(call seeds,$(CLASSIFY_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=maxrl,sera n0=16,128 seed=$(call seeds,$(CLASSIFY_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=sera_pilot n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=sera $(ALL_ACTIVE) n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
 	$(ARCHIVE) save --folder imagenet-gauss1000
+else ifeq ($(IMAGENET_SCALE),paper)
+	$(PY) -m sera.gpu_pool --gpus $(GPUS_IMAGENET) $(foreach s,$(subst $(comma), ,$(call seeds,$(SEEDS))),$(foreach r,$(IMAGENET_PAPER_RUNS),"$(IMAGENET_ONE) $(subst :, ,$(r)) seed=$(s)"))
 else
 	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=direct_ce seed=$(call seeds,$(SEEDS))
-	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=maxrl,$(if $(filter paper,$(SCALE)),sera,sera_pilot) n0=16,128 seed=$(call seeds,$(SEEDS))
+	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=maxrl,sera_pilot n0=16,128 seed=$(call seeds,$(SEEDS))
 endif
 ifeq ($(IMAGENET_SCALE),cpu)
 	$(ARCHIVE) save --folder imagenet-cpu

@@ -20,6 +20,11 @@ PINNED_CUDA = "13.0"  # torch 2.13.0 (constraints-gpu.txt) and 2.14.1 (constrain
 # the oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA toolkit release notes, minor version
 # compatibility: 12.x from 525.60.13, 13.x from 580.65.06)
 MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+# what a run told device=cuda says on a machine where torch sees no GPU
+NO_CUDA = (
+    "device=cuda but no CUDA device is available (use device=cpu or auto; `python -m sera.driver --torch` says "
+    "whether the NVIDIA driver suits this torch's CUDA build, and what it needs)"
+)
 OLDER_TORCH = (
     "or install a torch built for the CUDA this driver supports, e.g. for CUDA 12.6: pip install torch==<the pinned "
     "version> --index-url https://download.pytorch.org/whl/cu126 (vLLM's PyPI wheel is a CUDA 13 build too; such an "

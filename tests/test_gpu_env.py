@@ -5,6 +5,7 @@ the main environment and sera.trl require, and torch a CUDA build from PyPI (no 
 import re
 from pathlib import Path
 
+import pytest
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +60,25 @@ def test_install_gpu_checks_the_driver_first_and_keeps_the_users_pip_configurati
                   if "constraints-gpu.txt" in line]  # fmt: skip
     assert "--index-url https://mirror.example/simple" in install
     assert dry_run("test-gpu", "PY=.venv/bin/python")[0] == ".venv/bin/python -m sera.driver --torch"
+
+
+def test_the_gpu_pool_runs_one_command_a_gpu_and_names_the_failures(tmp_path, capsys):
+    """sera.gpu_pool (make reproduce-imagenet SCALE=paper): 5 commands on 2 GPUs run at most 2 at once, never two on
+    one GPU at the same time, every command runs, and a failed one is named after all have ended."""
+    from sera.gpu_pool import run_pool
+
+    log = tmp_path / "log"
+    # each command logs (start, GPU), sleeps, logs (end, GPU); command 3 fails
+    commands = [f'echo "start $CUDA_VISIBLE_DEVICES" >> {log}; sleep 0.3; echo "end $CUDA_VISIBLE_DEVICES" >> {log}'
+                + ("; exit 3" if i == 3 else "") for i in range(5)]  # fmt: skip
+    assert run_pool(commands, gpus=2, poll_s=0.05) == [commands[3]]
+    held: set[str] = set()
+    for event, gpu in (line.split() for line in log.read_text().splitlines()):
+        if event == "start":
+            assert gpu not in held and gpu in ("0", "1")
+            held.add(gpu)
+        else:
+            held.remove(gpu)
+    assert log.read_text().count("start") == 5 and not held
+    with pytest.raises(ValueError, match="--gpus must be >= 1"):
+        run_pool(commands, gpus=0)

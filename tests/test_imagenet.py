@@ -434,6 +434,24 @@ def test_two_process_run_equals_the_one_process_run(tmp_path):
     assert evals[0] == pytest.approx(evals[1], rel=1e-5) and evals[0][0] != evals[0][1]  # and the model trained
 
 
+@pytest.mark.slow
+def test_one_torchrun_launch_runs_a_sweep_data_parallel_and_skips_it_when_finished(tmp_path):
+    """The real entry point's --multirun sweep under one torchrun launch (two gloo processes here, GPUs in
+    docs/paper-scale.md), every run data parallel over both: one process group for all its runs (a group started
+    again in the same launch would wait forever); launched again, it skips the finished runs."""
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2"]
+    cmd = [*torchrun, "-m", "experiments.imagenet.train", "--multirun", "run.if_finished=skip", "threads=1",
+           "scale=imagenet/smoke", "device=cpu", "method=direct_ce,maxrl", f"run.root={tmp_path}"]  # fmt: skip
+    env = {**ENV, "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True, timeout=600)
+    runs = [tmp_path / "imagenet-smoke" / name for name in ("direct_ce_seed-0", "maxrl_n0-16_seed-0")]
+    assert all((run / "DONE").exists() for run in runs)
+    assert [r["step"] for r in read_jsonl(runs[1] / "metrics.jsonl")] == list(range(8))
+    again = subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True, text=True, timeout=600)
+    assert again.stdout.count("is finished with this config; skipping") == 4  # two runs, each on both ranks
+
+
 def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_prompts_left_out():
     """sera through the shipped rollout loss: the images its active set leaves out (a hopeless and a
     saturated one) get no rollouts and no gradient, the others their counts from active_waterline and weights

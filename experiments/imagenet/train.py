@@ -13,6 +13,7 @@ The grid of the paper's Table 2 is `make reproduce-imagenet`; the pilot-size abl
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import math
 import os
@@ -55,6 +56,7 @@ from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings, name_failures
 from sera.distributed import PROCESS_GROUP_TIMEOUT_S, all_gather, unwrapped, world_info
+from sera.driver import NO_CUDA
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
 from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
@@ -179,10 +181,13 @@ def setup_distributed(cfg):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
-    if world > 1:
+        raise RuntimeError(NO_CUDA)
+    # one process group a launch, kept for every run of a --multirun sweep and ended at exit: a group started again in
+    # the same launch waits forever in torchrun's rendezvous
+    if world > 1 and not torch.distributed.is_initialized():
         timeout = datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)  # ranks > 0 wait while rank 0 evaluates
         torch.distributed.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
+        atexit.register(torch.distributed.destroy_process_group)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
@@ -427,8 +432,6 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
     if run_dir is not None:
         np.save(run_dir.path / VAL_P_FILE, p_val)
         run_dir.finish({"step": total_steps, **final})
-    if world > 1:
-        torch.distributed.destroy_process_group()
     return final
 
 
