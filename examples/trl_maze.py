@@ -20,9 +20,8 @@ skipped, an interrupted one resumes from TRL's checkpoint in the folder.
 from __future__ import annotations
 
 import argparse
-import os
 
-from examples.trl_math import SUITE_TRL_SETTINGS, check_same_method, compose, grad_accum, suite_folder
+from examples.trl_math import SUITE_TRL_SETTINGS, check_same_method, compose, device_rows, suite_folder
 from sera.compat import activation_checkpointing
 from sera.trl import SERAGRPOConfig, SERAGRPOTrainer
 
@@ -67,16 +66,7 @@ def main(argv=None) -> SERAGRPOTrainer | None:
         print(f"{suite.path} holds this finished run: skipped")
         return None
 
-    processes = int(os.environ.get("WORLD_SIZE", 1))
-    a.grad_accum = grad_accum(cfg.train.batch_size * cfg.n0, processes, a.micro_rows, a.grad_accum)
-    rows, rest = divmod(cfg.train.batch_size * cfg.n0, processes * a.grad_accum)
-    if rest:
-        raise ValueError(f"B x n0 = {cfg.train.batch_size} x {cfg.n0} rows must split over {processes} x {a.grad_accum}"
-                         )  # fmt: skip
-    if not a.cpu:  # on a GPU: the launch's memory plan must fit (sera.plan; the maze models have no entry yet)
-        from sera.plan import check_trl_fits
-
-        check_trl_fits(cfg, processes, rows)
+    _, rows = device_rows(cfg.train.batch_size * cfg.n0, a, cfg)  # the maze models have no plan entry yet
     task, tokenizer = make_task(cfg), build_tokenizer()
     model = str(suite.base) if a.vllm != "none" else build_model(cfg.model.name, str(suite.base))  # vLLM loads by path
     pool = range(cfg.task.pool_size)

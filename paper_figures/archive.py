@@ -179,11 +179,12 @@ def main(argv=None) -> int:
             return 2
         where = f"into {archive}" if args.action == "save" else f"from {archive} into {runs}"
         print(f"{args.action}: {len(moved)} run(s) {where}" + "".join(f"\n  {rel}" for rel in moved))
-        if args.action == "save":
-            for rel in retrained(runs, archive):
-                print(f"note: {runs / rel} was trained again and its evaluation records differ from the archived "
-                      f"run's, which are kept: tables built from {runs} read the local records, a fresh clone's the "
-                      "archived ones; runs that started from it are archived with their own records")  # fmt: skip
+        again = retrained(runs, archive) if args.action == "save" else []
+        if again:  # one line, however many: on another CPU every rerun differs (docs/numerics.md)
+            print(f"note: {len(again)} run(s) under {runs} were trained again and their evaluation records differ from "
+                  f"the archived runs', which are kept (first: {again[0]}): tables built from {runs} read the local "
+                  "records, a fresh clone's the archived ones; runs that started from them are archived with their "
+                  "own records")  # fmt: skip
     return 0
 
 

@@ -54,6 +54,47 @@ def evaluated(run: Run) -> bool:
     return EVAL_SET in run.eval_records
 
 
+def table4_verdict(rl_groups: list[list[Run]], base: list[Run], ks: list[int]) -> str:
+    """What Table 4's verdict file says: each tested method minus its registry baseline (SERA - MaxRL), maze-paired
+    95% bootstrap per normalisation, the same seed by seed, and the base model's best single fixed answer."""
+    lines, per_seed = [], {}
+    for name in verdict_methods(rl_groups):  # each tested method against its registry baseline (SERA - MaxRL)
+        what = f"{method_label(name)} minus {method_label(METHODS[name].baseline)}"
+        lines += [
+            *([""] if lines else []),
+            f"## {what} (maze-paired 95% bootstrap, pp)",
+            "",
+            "| normalization | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+        ]
+        for norm in ("token-mean", "seqnorm"):
+            candidates = [g for g in rl_groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated)]
+            pair = baseline_pair(candidates, f"maze, {norm}", name)
+            if not isinstance(pair, tuple):
+                lines.append(f"| {norm} | " + " | ".join([pair or "not run"] + [""] * (len(ks) - 1)) + " |")
+                continue
+            a, b = (per_question(g, EVAL_SET, ks) for g in pair)
+            x, y, _ = pair_by_question(a, b, f"maze {what} ({norm})")
+            ci = paired_bootstrap_ci(x, y)
+            cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
+            lines.append(f"| {norm} | " + " | ".join(cells) + " |")
+            per_seed.setdefault(what, []).extend(seed_by_seed(norm, *pair, ks))
+    rate = base[0].last(metric("best_fixed_answer_rate")) if base else None
+    extra = ""
+    if rate is not None:
+        extra = f"\nBest single fixed answer solves {100 * rate:.2f}% of the held-out mazes (the shortcut baseline).\n"
+    for what, rows in per_seed.items():  # the interval above covers the choice of mazes, not training randomness
+        lines += [
+            "",
+            f"## {what} seed by seed (pp; each seed's training mazes differ)",
+            "",
+            "| normalization | seed | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
+            "|---|---|" + "---|" * len(ks),
+            *rows,
+        ]
+    return "\n".join(lines) + "\n" + extra
+
+
 def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     runs = load_runs(runs_root / f"maze-{scale}")
     base_groups = group_runs([r for r in runs if r.get("experiment") == "maze-base"])
@@ -92,43 +133,8 @@ def table4(runs_root: Path, scale: str, out_root: Path = OUT) -> str:
     ]
     out = out_root / f"maze-{scale}"
     md = write_table(out / "table4", header, rows + paper_rows)
-    lines, per_seed = [], {}
-    for name in verdict_methods(rl_groups):  # each tested method against its registry baseline (SERA - MaxRL)
-        what = f"{method_label(name)} minus {method_label(METHODS[name].baseline)}"
-        lines += [
-            *([""] if lines else []),
-            f"## {what} (maze-paired 95% bootstrap, pp)",
-            "",
-            "| normalization | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
-            "|---|" + "---|" * len(ks),
-        ]
-        for norm in ("token-mean", "seqnorm"):
-            candidates = [g for g in rl_groups if g[0].get("method.aggregation") == norm and with_results(g, evaluated)]
-            pair = baseline_pair(candidates, f"maze, {norm}", name)
-            if not isinstance(pair, tuple):
-                lines.append(f"| {norm} | " + " | ".join([pair or "not run"] + [""] * (len(ks) - 1)) + " |")
-                continue
-            a, b = (per_question(g, EVAL_SET, ks) for g in pair)
-            x, y, _ = pair_by_question(a, b, f"maze {what} ({norm})")
-            ci = paired_bootstrap_ci(x, y)
-            cells = [f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]" for d, lo, hi in zip(*ci, strict=True)]
-            lines.append(f"| {norm} | " + " | ".join(cells) + " |")
-            per_seed.setdefault(what, []).extend(seed_by_seed(norm, *pair, ks))
     base = with_results([r for g in base_groups for r in g], evaluated)
-    rate = base[0].last(metric("best_fixed_answer_rate")) if base else None
-    extra = ""
-    if rate is not None:
-        extra = f"\nBest single fixed answer solves {100 * rate:.2f}% of the held-out mazes (the shortcut baseline).\n"
-    for what, rows in per_seed.items():  # the interval above covers the choice of mazes, not training randomness
-        lines += [
-            "",
-            f"## {what} seed by seed (pp; each seed's training mazes differ)",
-            "",
-            "| normalization | seed | " + " | ".join(f"dPass@{k}" for k in ks) + " |",
-            "|---|---|" + "---|" * len(ks),
-            *rows,
-        ]
-    verdict = "\n".join(lines) + "\n" + extra
+    verdict = table4_verdict(rl_groups, base, ks)
     (out / "table4_verdict.md").write_text(verdict)
     passk_figure(curves, out / "passk_curves", "Maze navigation: held-out Pass@K")
     regime = {f"{label} ({g[0].get('method.aggregation')})": with_results(g, evaluated) for label, g in rl_rows

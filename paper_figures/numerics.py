@@ -18,10 +18,23 @@ from pathlib import Path
 
 from paper_figures import guard
 from sera.numerics import DEFAULT, NUMERICS_FILE
+from sera.runlog import ARCHIVED_FILE, DONE_FILE
 
 ARCHIVE = Path("results/runs")
 RESULTS = Path("results/cpu")
 OUT = Path("paper_figures/out")
+
+
+def made_here(root: Path) -> tuple[list[dict], int]:
+    """The fingerprints of the finished runs under `root` made on this machine (not restored from the archive), and
+    how many were restored (ARCHIVED: records only, not rerun)."""
+    runs = sorted(p.parent for p in root.rglob(DONE_FILE)) if root.is_dir() else []
+    restored = [run for run in runs if (run / ARCHIVED_FILE).exists()]
+    return [fingerprint(run) for run in runs if run not in restored], len(restored)
+
+
+def fingerprint(run: Path) -> dict:
+    return json.loads((run / NUMERICS_FILE).read_text()) if (run / NUMERICS_FILE).exists() else {"level": "unrecorded"}
 
 
 def run_fingerprints(root: Path) -> list[dict]:
@@ -68,11 +81,76 @@ def grid_level(folder: str, archive: Path = ARCHIVE, results: Path = RESULTS) ->
     return levels.most_common(1)[0][0] if levels else DEFAULT
 
 
+PREREG = "preregistered.md"
+DECISION, DIFFERENCE = "decision", "difference (pp) [seed 95% t]"
+
+
+def prereg_rows(text: str, folder: str | None) -> dict[tuple[str, str], tuple[str, float | None]]:
+    """(claim, endpoint) -> (decision, the difference's point estimate) of a pre-registered table's rows; `folder`
+    keeps only the claims of that table folder (the global table holds every study's)."""
+    from paper_figures.prereg import CLAIMS  # the claims' folders
+
+    folders = {c.name: f"{c.study}-{c.scale or 'cpu'}" for c in CLAIMS}
+    rows = {}
+    for table in guard.parse(text)[0].values():
+        if not {"claim", "endpoint", DECISION, DIFFERENCE} <= set(table.header):
+            continue
+        col = {name: table.header.index(name) for name in ("claim", "endpoint", DECISION, DIFFERENCE)}
+        for row in table.rows:
+            if folder is not None and folders.get(row[col["claim"]]) != folder:
+                continue
+            number = guard.NUMBER.match(row[col[DIFFERENCE]].strip())
+            rows[(row[col["claim"]], row[col["endpoint"]])] = (
+                row[col[DECISION]],
+                float(number.group()) if number else None,
+            )
+    return rows
+
+
+def verdict_lines(folder: str, out: Path, results: Path) -> list[str]:
+    """What a newcomer needs first: whether every pre-registered verdict of the folder's claims held in the fresh
+    build, whether each difference kept its sign (the direction README states), and the largest move of one."""
+    pairs = [(results / folder / PREREG, out / folder / PREREG, None), (results / PREREG, out / PREREG, folder)]
+    committed, fresh = {}, {}
+    for old, new, only in pairs:
+        if old.exists() and new.exists():
+            committed |= prereg_rows(old.read_text(), only)
+            fresh |= prereg_rows(new.read_text(), only)
+    if not committed:
+        return ["verdicts: no pre-registered claim of this folder was rebuilt"]
+    changed = [f"{' '.join(k)}: {committed[k][0]} -> {fresh.get(k, ('missing',))[0]}"
+               for k in committed if fresh.get(k, ("missing",))[0] != committed[k][0]]  # fmt: skip
+    moves = [(abs(fresh[k][1] - v), k, v, fresh[k][1]) for k, (_, v) in committed.items()
+             if v is not None and k in fresh and fresh[k][1] is not None]  # fmt: skip
+    flipped = [" ".join(k) for _, k, old, new in moves if (old > 0) != (new > 0)]
+    held = f"verdicts: all {len(committed)} pre-registered verdicts held"
+    lines = [held if not changed else f"verdicts: {len(changed)} of {len(committed)} CHANGED: {'; '.join(changed)}"]
+    lines.append("directions: every difference kept its sign" if not flipped
+                 else f"directions: {len(flipped)} difference(s) changed sign: {'; '.join(flipped)}")  # fmt: skip
+    if moves:
+        size, key, old, new = max(moves)
+        lines.append(
+            f"largest move of a headline cell: {' '.join(key)}: {old:+.2f} -> {new:+.2f} ({new - old:+.2f} pp)"
+        )
+    return lines
+
+
+def build_prereg(folder: str, runs: Path, out: Path) -> None:
+    """The pre-registered table (every study's claims) built from `runs` into `out`, when the folder has claims in
+    it, so that the comparison reads their verdicts; never published into results/ (`make tables` does that)."""
+    from paper_figures.prereg import CLAIMS, HEADER, prereg_table
+    from paper_figures.render import write_table
+
+    if any(f"{c.study}-{c.scale or 'cpu'}" == folder for c in CLAIMS):
+        write_table(out / "preregistered", HEADER, prereg_table(runs)[1])
+
+
 def compare_folder(
     folder: str, out: Path = OUT, results: Path = RESULTS, runs: Path = Path("runs"), archive: Path = ARCHIVE
 ) -> list[str]:
-    """Lines that compare the fresh tables of a folder (out/<folder>) with the committed ones (results/<folder>),
-    cell by cell, with both fingerprints. The first line says "identical" or how many cells differ."""
+    """Lines that compare the fresh tables of a folder (out/<folder>, and the pre-registered table) with the committed
+    ones, leading with the answer: where each side ran, how many runs were made here and how many restored, whether
+    the pre-registered verdicts and the differences' directions held and the largest move; then cell by cell."""
     committed_dir, fresh_dir = results / folder, out / folder
     names = sorted(p.name for p in committed_dir.glob("*.md"))
     if not names:
@@ -81,20 +159,24 @@ def compare_folder(
     fresh = {n: (fresh_dir / n).read_text() for n in names if (fresh_dir / n).exists()}
     if not fresh:
         return [f"{folder}: no fresh tables under {fresh_dir}; build them first"]
-    committed = {n: t for n, t in committed.items() if n in fresh}
-    diff = guard.compare(committed, fresh)
+    here, restored = made_here(runs / folder)
+    where = (f"{len(here)} run(s) made here ({describe(here).removeprefix('numerics ')}), {restored} restored from "
+             "the archive and not rerun")  # fmt: skip
+    if not here:
+        where = (
+            f"nothing was rerun here ({restored} run(s) restored from the archive): the archive compared with itself"
+        )
+    missing = [n for n in names if n not in fresh]
+    diff = guard.compare({n: t for n, t in committed.items() if n in fresh}, fresh)
     # a loss (a measured row gone, a number missing) is also a change: counted once, and marked
-    lines = diff.changes + [f"lost: {loss}" for loss in diff.losses]
-    head = (
-        f"{folder}: identical to the committed tables ({', '.join(sorted(fresh))})"
-        if not lines
-        else f"{folder}: {len(diff.changes)} difference(s) from the committed tables, {len(diff.losses)} of them "
-        f"losses ({', '.join(sorted(fresh))})"
-    )
+    lines = diff.changes + [f"lost: {loss}" for loss in diff.losses] + [f"not rebuilt: {n}" for n in missing]
+    cells = (f"identical to the committed tables ({', '.join(sorted(fresh))})" if not lines else
+             f"{len(diff.changes)} difference(s) from the committed tables, {len(diff.losses)} of them losses "
+             f"({', '.join(sorted(fresh))}{'; not rebuilt: ' + ', '.join(missing) if missing else ''})")  # fmt: skip
     return [
-        head,
-        f"  committed: {describe(table_fingerprints(folder, archive, results))}",
-        f"  this run:  {describe(run_fingerprints(runs / folder))}",
+        f"{folder}: committed tables made with {describe(table_fingerprints(folder, archive, results))}; {where}",
+        *[f"  {line}" for line in verdict_lines(folder, out, results)],
+        f"  cells: {cells}",
         *[f"  {line}" for line in lines],
     ]
 
@@ -110,8 +192,9 @@ def main(argv=None) -> int:
     for folder in args.folders:
         if args.action == "level":
             print(grid_level(folder, results=args.results))
-        else:
-            print("\n".join(compare_folder(folder, args.out, args.results, args.runs)))
+            continue
+        build_prereg(folder, args.runs, args.out)
+        print("\n".join(compare_folder(folder, args.out, args.results, args.runs)))
     return 0
 
 

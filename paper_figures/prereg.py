@@ -158,7 +158,14 @@ def runs_of(runs: list[Run], claim: Claim, method: str) -> dict[int, Run]:
     else:
         chosen = [r for r in runs if r.get("experiment") == claim.study and r.get("method.name") == method
                   and r.get("method.aggregation") == claim.aggregation]  # fmt: skip
-    return {r.get("seed"): r for r in chosen if r.finished}
+    by_seed = {}
+    for run in (r for r in chosen if r.finished):  # two runs of one seed (an ablation in the folder): no silent pick
+        if run.get("seed") in by_seed:
+            raise ValueError(f"{claim.name}: two finished {method} runs of seed {run.get('seed')} "
+                             f"({by_seed[run.get('seed')].path.name}, {run.path.name}); a claim reads one per seed: "
+                             "keep ablations and interventions in a folder of their own (run.root=)")  # fmt: skip
+        by_seed[run.get("seed")] = run
+    return by_seed
 
 
 def base_of(run: Run) -> dict | None:

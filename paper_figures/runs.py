@@ -253,6 +253,17 @@ def verdict_methods(groups: list[list[Run]]) -> list[str]:
     return [n for n in tested_methods() if n in names] or tested_methods()[:1]
 
 
+def paper_row_method(name: str, ran: set[str]) -> str:
+    """The method whose rows a paper row of method `name` sits beside: `name` where it ran (or has no baseline), else
+    the first tested method, in registry order, against the same baseline that ran, or that could (SERA with pilots
+    in the place of the authors' SERA on a grid made before it)."""
+    baseline = METHODS[name].baseline
+    if name in ran or baseline is None:
+        return name
+    kin = [m for m in tested_methods() if METHODS[m].baseline == baseline]
+    return next((m for m in kin if m in ran), kin[0])
+
+
 def tested_and_baselines() -> set[str]:
     """The tested methods and their baselines (SERA and MaxRL): the rows the regime figures draw."""
     return {n for m in tested_methods() for n in (m, METHODS[m].baseline)}

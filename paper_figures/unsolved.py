@@ -39,7 +39,8 @@ def archived_records(run: Path) -> list[dict]:
 
 
 def comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("time/") and k not in ADDED}
+    """A step record less its timings and what the sink monitor adds (E2's values, the epoch-end pool measures)."""
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "pool/", "sink/")) and k not in ADDED}
 
 
 def check(rerun: Run, archived: Path) -> list[str]:

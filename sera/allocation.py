@@ -316,7 +316,7 @@ def _equalized_counts(p: np.ndarray, budget: int, n_min: int, n_max: int) -> np.
     return n
 
 
-def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: float = 0.05) -> np.ndarray:
+def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: float = 0.05, exclude=None) -> np.ndarray:
     """SERA as its authors run it: counts (B,) summing to the budget, 0 for a prompt left out of the active set.
 
     A prompt's score is P(0 < K < n_max), the most learning signal a group can carry under the cap. Prompts are
@@ -324,7 +324,9 @@ def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: floa
     over [ceil(budget / n_max), #(score >= threshold)] finds whose allocation (`_equalized_counts` over the k) keeps
     every active prompt's P(0 < K < n_i) at or above the threshold. When none qualifies, or fewer prompts reach the
     threshold than the budget needs under n_max, the top ceil(budget / n_max) are made active anyway, so the budget is
-    spent exactly. threshold = 0 makes every prompt active (the authors' all-active mode). Weights: `active_weights`.
+    spent exactly. threshold = 0 makes every prompt active (the authors' all-active mode). `exclude` (B,) bool, not
+    the authors': prompts ranked last and never eligible, made active only where the budget needs them under n_max
+    (the sink intervention alloc.never_solved=leave_out, results/cpu/PLAN_SINK.md). Weights: `active_weights`.
     Raises ValueError, naming the value, for p_hat outside (0, 1) or NaN, bad bounds, a threshold outside [0, 1], or
     a budget outside [B n_min, B n_max]. docs/design.md section 2b.
     """
@@ -338,6 +340,8 @@ def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: floa
     _check_waterline_inputs(p, budget, n_min, n_max, 1)
     budget, n_min, n_max = int(budget), int(n_min), int(n_max)
     score = mixed_probability(p, n_max)
+    if exclude is not None:
+        score = np.where(np.asarray(exclude, dtype=bool), -1.0, score)
     ranked = np.argsort(-score, kind="stable")
     eligible = int(np.sum(score >= threshold))
     required = -(-budget // n_max)
@@ -349,8 +353,8 @@ def active_waterline(p_hat, budget: int, n_min: int, n_max: int, threshold: floa
         counts[active] = _equalized_counts(p[active], budget, n_min, n_max)
         return counts
 
-    if threshold == 0:  # every prompt qualifies, so the search below would end at all B: skip it
-        return allocate(p.size)
+    if threshold == 0:  # every prompt qualifies, so the search below would end at all B (less those excluded)
+        return allocate(p.size if exclude is None else max(required, int(np.sum(score >= 0))))
     best = None
     low, high = required, eligible
     while low <= high:

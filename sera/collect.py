@@ -154,19 +154,22 @@ def collect_waterline(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=
     return draws.collected(np.arange(batch), p_hat, tau)
 
 
-def collect_active(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None, **_) -> Collected:
+def collect_active(s: MethodSettings, batch: int, draw: DrawFn, p_hat_source=None, left_out=None, **_) -> Collected:
     """SERA as its authors run it: p_hat_source() (the exact p), their active set and rounding (active_waterline).
 
     Prompts outside the active set get no rollouts and are not among the groups trained on; the loss still averages
     over the budget B * n0 (the active prompts' counts add up to it), so they stay in its denominator with weight 0.
     A p_hat with NaN (the Beta history before a prompt has an epoch behind it) allocates the batch uniformly.
+    left_out: None (the authors' rule), or a callable giving (B,) prompts to leave out of the active set where the
+    budget allows (alloc.never_solved=leave_out: the prompts never solved so far).
     """
     draws = _Draws(draw, batch)
     p_hat = np.asarray(p_hat_source(), dtype=np.float64)
     if BetaHistory.needs_uniform(p_hat):
         draws(uniform(batch, s.n0))
         return draws.collected(np.arange(batch))
-    counts = active_waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.threshold)
+    exclude = None if left_out is None else left_out()
+    counts = active_waterline(p_hat, s.budget(batch), s.n_min, s.n_max, s.threshold, exclude)
     draws(counts)
     active = np.flatnonzero(counts)
     return draws.collected(active, p_hat[active], None, {"alloc/active": int(active.size)})
@@ -354,11 +357,12 @@ def collect(
     p_hat_source: Callable[[], np.ndarray] | None = None,
     stream=None,
     state: SequentialState | None = None,
+    left_out: Callable[[], np.ndarray] | None = None,
 ) -> Collected:
     """The step's rollouts by the method's allocator. Batch allocators use the step's first B = batch prompts
     (taken already); p_hat_source gives the history or oracle p_hat (B,) when the estimator needs one. Sequential
     allocators take prompts from `stream` (take(k), size(), ids) and carry `state` across steps (DPS's predictor,
-    SARA's prior: `sequential_state`). Returns a Collected."""
+    SARA's prior: `sequential_state`). left_out: the authors' rule only (collect_active). Returns a Collected."""
     sampler, allocator = s.sampler, s.method.allocator
     if allocator not in COLLECTORS:
         raise ValueError(f"{s.method.name} collects no rollouts (allocator {allocator!r})")
@@ -370,7 +374,10 @@ def collect(
                          "prior; see sequential_state)")  # fmt: skip
     if needs_state and ((sampler.predictor and state.predictor is None) or (sampler.prior and state.prior is None)):
         raise ValueError(f"the sequential state passed lacks what {s.method.name} needs (use sequential_state)")
-    return COLLECTORS[allocator](s, batch, draw, p_hat_source=p_hat_source, stream=stream, state=state)
+    if left_out is not None and allocator != "active":
+        raise ValueError(f"left_out is the authors' active set's (method=sera); {s.method.name} has none")
+    return COLLECTORS[allocator](s, batch, draw, p_hat_source=p_hat_source, stream=stream, state=state,
+                                 left_out=left_out)  # fmt: skip
 
 
 def advantages_and_weights(s: MethodSettings, out: Collected) -> tuple[np.ndarray, np.ndarray]:

@@ -47,6 +47,8 @@ ADDED_DEFAULTS = {
     ("task", "eval_set"): None,
     ("train", "trim_responses"): False,
     ("train", "logprob_chunk"): None,
+    ("alloc", "never_solved"): "keep",
+    ("alloc", "uniform_epochs"): 1,
 }
 
 

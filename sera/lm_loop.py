@@ -63,11 +63,13 @@ from sera.runlog import (
     RunDir,
     SkipGuard,
     check_finite_eval,
+    drop_restored,
     eval_record_file,
     extend_run,
     finished_summary,
     record_base,
 )
+from sera.sink import SinkMonitor
 
 
 class Task(Protocol):
@@ -98,6 +100,9 @@ class Task(Protocol):
 
 
 PARALLEL = ("ddp", "fsdp2")
+
+
+NEVER_SOLVED = ("keep", "leave_out")
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ class LoopSettings:
     autocast: str | None = None  # "bfloat16": the loss's forward in bf16 autocast over float32 (master) weights
     trim_responses: bool = False  # each micro-batch cut to its longest response (memory; same log-probs)
     logprob_chunk: int | None = None  # the loss's log-softmax this many positions at a time, recomputed in backward
+    never_solved: str = "keep"  # the authors' rule: keep (theirs) | leave_out never-solved prompts (PLAN_SINK.md)
+    uniform_epochs: int = 1  # the authors' rule: epochs allocated uniformly before the Beta history is read (theirs 1)
 
     @classmethod
     def from_config(cls, cfg) -> LoopSettings:
@@ -153,7 +160,12 @@ class LoopSettings:
             progress=bool(cfg.progress), autocast=mixed_precision(cfg),
             trim_responses=bool(t.get("trim_responses", False)),
             logprob_chunk=None if t.get("logprob_chunk") is None else int(t.logprob_chunk),
+            never_solved=str(cfg.alloc.get("never_solved", "keep")),
+            uniform_epochs=int(cfg.alloc.get("uniform_epochs", 1)),
         )  # fmt: skip
+        if s.never_solved not in NEVER_SOLVED or s.uniform_epochs < 1:
+            raise ValueError(f"need alloc.never_solved in {NEVER_SOLVED} and alloc.uniform_epochs >= 1, got "
+                             f"{s.never_solved!r} and {s.uniform_epochs}")  # fmt: skip
         for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
             if getattr(s, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(s, name)}")
@@ -304,13 +316,15 @@ def update(ms, ls, model, optimizer, engine, prompts, share: RankShare, adv, wei
 
 
 def rl_step(
-    ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step, state=None
-):
+    ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, optimizer, history, generator, step, state=None,
+    sink: SinkMonitor | None = None,
+):  # fmt: skip
     """One RL step: prompts -> collect (p_hat, allocation, rollouts, rewards) -> advantages and weights -> backward
     -> update.
 
     Returns the step's metrics; a non-finite loss or gradient skips the update (train/skipped_nonfinite), and so does
-    a step with no group to train on (train/skipped_empty: DS or SARA at their caps).
+    a step with no group to train on (train/skipped_empty: DS or SARA at their caps). `sink` (a fixed pool read in
+    epochs): the never-solved measures (sera.sink), watched from outside the method.
     """
     t0 = time.perf_counter()
     sequential = ms.sampler.stream
@@ -324,29 +338,34 @@ def rl_step(
     p_hat_source = (
         (lambda: history.estimate(first) if history.has_data else None) if ms.estimator == "history" else None
     )
+    epoch = epoch_of_step(step, ls.batch_size, task.num_prompts) if task.num_prompts else None
+    sink_metrics = sink.start(epoch) if sink is not None else {}
+    left_out = None
     if ms.estimator == "beta":  # the authors' history: a new epoch folds the last one in and freezes the estimates.
         # A step belongs to the epoch of its first prompt; where the set is not a multiple of B, the one step that
         # runs into the next epoch reads those prompts from the ending epoch's snapshot (docs/design.md section 3)
-        history.advance_to(epoch_of_step(step, ls.batch_size, task.num_prompts))
-        p_hat_source = lambda: history.estimate(first)  # noqa: E731
-    out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state)
+        history.advance_to(epoch)
+        p_hat_source = beta_p_hat(history, first, ls.uniform_epochs)
+        left_out = (lambda: history.never_solved(first)) if ls.never_solved == "leave_out" else None
+    out = collect(ms, ls.batch_size, draw, p_hat_source, stream, state, left_out)
     t_gen = time.perf_counter() - t0
     if out.counts.size == 0:  # nothing to train on: say so and move on
         metrics = {**generation_metrics(out), "alloc/budget": ms.budget(ls.batch_size)}
-        return {**metrics, "train/skipped_empty": 1, "time/generate_s": t_gen, "time/step_s": time.perf_counter() - t0}
+        return {**metrics, **sink_metrics, "train/skipped_empty": 1, "time/generate_s": t_gen,
+                "time/step_s": time.perf_counter() - t0}  # fmt: skip
     adv, weights = advantages_and_weights(ms, out)
     if history is not None:
         history.update(stream.ids[out.prompts], out.successes, out.counts)
     share = rank_share(out, draw.mine, adv, weights, task.pad_id)
-    metrics = collection_metrics(ms, out, ls.batch_size)
+    metrics = collection_metrics(ms, out, ls.batch_size) | sink_metrics
+    if sink is not None:
+        metrics |= sink.observe(stream.ids, out.prompts, out.counts, out.successes)
     metrics["train/live_rollouts"] = share.live_total
     metrics["train/response_tokens"] = (
         float(share.rollouts.mask.sum(1).float().mean()) if draw.world == 1 else share.tokens / len(out.rewards)
     )
     if out.p_hat is not None:
         metrics["alloc/c_min_phat"] = float(scale_factor(out.p_hat, out.counts, ms.delta).min())
-        if ms.estimator == "beta":
-            metrics |= unsolved_metrics(history.never_solved(first), out.prompts, out.counts)
     optimizer.zero_grad(set_to_none=True)
     if share.live_total:
         metrics |= update(ms, ls, model, optimizer, engine, stream.tokens, share, adv, weights, task.pad_id,
@@ -357,21 +376,13 @@ def rl_step(
     return metrics
 
 
-def unsolved_metrics(never_solved, prompts, counts) -> dict:
-    """Where an allocation from the Beta history puts its rollouts (exploratory analysis E2): the share of the step's
-    rollouts given to its never-solved prompts (`never_solved` (B,), BetaHistory.never_solved), how many of those got
-    any, and the median count of the others, inactive ones (0) included. `prompts` (C,) indexes the step's B prompts
-    and `counts` (C,) are their rollouts; a prompt not among them got none."""
-    never_solved = np.asarray(never_solved, dtype=bool)
-    full = np.zeros(never_solved.size, dtype=np.int64)
-    full[np.asarray(prompts)] = counts
-    metrics = {
-        "alloc/unsolved_share": float(full[never_solved].sum() / full.sum()),
-        "alloc/unsolved_active": int(np.count_nonzero(full[never_solved])),
-    }
-    if not never_solved.all():
-        metrics["alloc/solved_n_median"] = float(np.median(full[~never_solved]))
-    return metrics
+def beta_p_hat(history: BetaHistory, first, uniform_epochs: int):
+    """The authors' rule's p_hat source: the frozen Beta means of the step's prompts, or NaN (a uniform allocation)
+    in the first `uniform_epochs` epochs (theirs: 1, the cold start; more is the sink intervention
+    alloc.uniform_epochs)."""
+    if uniform_epochs <= 1:
+        return lambda: history.estimate(first)
+    return lambda: history.estimate(first) if history.epoch >= uniform_epochs else np.full(len(first), np.nan)
 
 
 def loss_logprobs(ls: LoopSettings, model, prompts, rollouts: Rollouts, pad_id: int) -> torch.Tensor:
@@ -529,6 +540,27 @@ def coverage(ls: LoopSettings, history) -> dict:
     return {"train/distinct_prompts": int(np.count_nonzero(~np.isnan(history.last_rate)))}
 
 
+def make_history(ms: MethodSettings, ls: LoopSettings, task: Task):
+    """The run's prompt history (the Beta history for the authors' rule, else the success-rate history on a fixed
+    set, else None) and its sink monitor (a fixed set read in epochs, any method; else None)."""
+    epochs = bool(task.num_prompts) and getattr(task, "epoch_order", False)
+    if ms.estimator != "beta" and (ls.never_solved != "keep" or ls.uniform_epochs != 1):
+        raise ValueError(
+            f"alloc.never_solved and alloc.uniform_epochs change the authors' rule's Beta history (method=sera on a "
+            f"pool read in epochs); {ms.method.name} with method.estimator={ms.estimator} has none"
+        )
+    if ms.estimator == "beta" and not epochs:
+        raise ValueError(
+            f"the Beta history needs a fixed training set read in epochs ({task.num_prompts or 'no'} fixed "
+            "prompts; the maze: task.pool_size and task.pool_order=epoch), so that each prompt recurs an epoch"
+        )
+    if ms.estimator == "beta":
+        history = BetaHistory(task.num_prompts)
+    else:
+        history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
+    return history, SinkMonitor(task.num_prompts) if epochs else None
+
+
 def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_dir: RunDir | None) -> dict:
     """Run (or resume) the RL loop to ls.steps; returns the final evaluation metrics. run_dir is None on ranks > 0."""
     rank, world = world_info()
@@ -538,14 +570,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         model.parameters(), lr=ls.lr, weight_decay=ls.weight_decay, betas=ls.betas, eps=ls.eps
     )
     generator = torch.Generator().manual_seed(rank_seed(ls.seed))  # rank 0 (and one process): the seed itself
-    history = HistoricalEstimator(task.num_prompts, ms.p_lo, ms.p_hi) if task.num_prompts else None
-    if ms.estimator == "beta":
-        if not task.num_prompts or not getattr(task, "epoch_order", False):
-            raise ValueError(
-                f"the Beta history needs a fixed training set read in epochs ({task.num_prompts or 'no'} fixed "
-                "prompts; the maze: task.pool_size and task.pool_order=epoch), so that each prompt recurs an epoch"
-            )
-        history = BetaHistory(task.num_prompts)
+    history, sink = make_history(ms, ls, task)
     seq_state = sequential_state(ms, task.num_prompts)  # DPS's predictor, SARA's prior: carried across steps
     skips = SkipGuard(ls.max_skipped_steps)
     start = 0
@@ -562,6 +587,8 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
         generator.set_state(generators[rank])
         if history is not None:
             history.load_state_dict(state["history"])
+        if sink is not None and state.get("sink") is not None:  # checkpoints from before it: measures start afresh
+            sink.load_state_dict(state["sink"])
         if seq_state is not None:
             seq_state.load_state_dict(state.get("sequential") or state["predictor"])  # "predictor": older checkpoints
         start = state["step"]
@@ -581,7 +608,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = ls.lr * min(1.0, (step + 1) / max(1, ls.warmup_steps))
-        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step, seq_state)
+        metrics = rl_step(ms, ls, task, model, engine, optimizer, history, generator, step, seq_state, sink)
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]  # the method's own rate (optim.lr_by_method), warmed up
         skips.record(bool(metrics.get("train/skipped_nonfinite")), step)
         is_last = step == ls.steps - 1
@@ -607,6 +634,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
                     "generator": generators[0] if world == 1 else generators,
                     "history": history.state_dict() if history is not None else None,
                     "sequential": seq_state.state_dict() if seq_state is not None else None,
+                    "sink": sink.state_dict() if sink is not None else None,
                 }
             )
     return final
@@ -625,6 +653,8 @@ def run_rl(cfg, ms: MethodSettings, ls: LoopSettings, out_dir, prepare, threads:
             raise ValueError("run.if_finished=extend runs in one process; extend the run without torchrun")
         if extend_run(out_dir, config):
             print(f"{out_dir}: extending to {ls.steps} steps from its last checkpoint (run.if_finished=extend)")
+    if cfg.run.get("rerun_archived", False):  # a reproduce target: a copy of the archive reproduces nothing
+        drop_restored(out_dir)
     summary = finished_summary(out_dir, config)
     if summary is not None and cfg.run.if_finished in ("skip", "extend"):
         print(f"{out_dir} is finished with this config; skipping (run.if_finished={cfg.run.if_finished})")

@@ -182,94 +182,26 @@ class MethodSettings:
         threshold: float | None = None,
     ) -> MethodSettings:  # fmt: skip
         """The typed constructor (what from_config and the TRL trainer call): the registry's defaults where a setting
-        is None, every cross-field rule checked; ValueError on any bad value."""
+        is None, every cross-field rule checked; ValueError on any bad value. The checks go in the order of a step:
+        p_hat's source, the advantage's options, the allocation's bounds, the sequential allocator's settings."""
         method = get_method(name)
         if method.advantage is None and not study.exact_likelihood:
             raise ValueError(f"{name} has no rollouts; the {study.name} study needs an RL method")
-        if method.allocator == "active" and estimator is None:  # the authors' p: exact where it exists, else history
-            estimator = "oracle" if "oracle" in study.estimators else "beta"
-        estimator, pilot_m = method.p_hat_source(estimator, pilot_m)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")
-        if estimator not in study.estimators:
-            raise ValueError(f"method.estimator={estimator} is unavailable in {study.name}: {study.estimators}")
-        if estimator == "history" and not study.repeated_prompts:
-            raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
-        if estimator == "beta" and not study.repeated_prompts:
-            raise ValueError(
-                f"{name}'s Beta history needs prompts that recur in epochs; with fresh prompts every step it would "
-                "allocate uniformly for ever, which is MaxRL under SERA's name (the maze: set task.pool_size and "
-                "task.pool_order=epoch)"
-            )
-        if estimator == "beta" and method.allocator != "active":
-            raise ValueError(f"method.estimator=beta is the authors' estimator of method=sera, not of {name}")
-        sampler = method.sampler
-        if sampler.p_hat and estimator == "none":
-            raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
-        if sampler.stream and not study.sequential:
-            raise ValueError(f"{name} draws extra prompts during a step, which the {study.name} study does not support")
-        if sampler.predictor and not study.repeated_prompts:
-            raise ValueError(f"{name} predicts from each prompt's history: it needs prompts that recur (a finite pool)")
-        if not sampler.p_hat and estimator != "none":
-            raise ValueError(f"{name} allocates without p_hat: set method.estimator=none")
-        if estimator == "pilot" and pilot_m < 1:
-            raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
-        if estimator != "pilot" and pilot_m != 0:
-            raise ValueError(f"method.estimator={estimator} takes no pilots: set method.pilot_m=0")
+        estimator, pilot_m = _p_hat_source(method, study, estimator, pilot_m)
         if not 0 < p_lo <= p_hi < 1:
             raise ValueError(f"need 0 < method.p_lo <= method.p_hi < 1, got {p_lo}, {p_hi}")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown method.aggregation {aggregation!r}; choose from {AGGREGATIONS}")
-        correction = multiplicity_correction
-        if correction is None:
-            correction = method.multiplicity_correction
-        elif correction and not sampler.unequal_counts:
-            raise ValueError(f"method.multiplicity_correction=true has no effect on {name}: every n_i = n0")
+        correction = _correction(method, multiplicity_correction)
         implied_delta = 0 if keep_cv_on_zero else 1
         if delta is not None and delta != implied_delta:
             raise ValueError(
                 f"alloc.delta={delta} does not match the estimator: method.keep_cv_on_zero={keep_cv_on_zero} "
                 f"gives c(p, n) = 1 - (1 - p)^(n - {implied_delta}); leave alloc.delta=null"
             )
-        active = method.allocator == "active"
-        if active:  # the authors' rule: the exact p on the classifier; their recipes' bounds and threshold
-            if estimator not in ("oracle", "beta"):
-                raise ValueError(
-                    f"{name} allocates from the exact p (method.estimator=oracle, the classifier) or from the "
-                    "authors' epoch-frozen Beta history (method.estimator=beta, the language models), not "
-                    f"method.estimator={estimator} (docs/design.md section 2.7)"
-                )
-            if keep_cv_on_zero:
-                raise ValueError(f"{name} equalises 1 - (1 - p)^(n - 1): method.keep_cv_on_zero must be false")
-            threshold = 0.05 if threshold is None else threshold
-            if not (isinstance(threshold, (int, float)) and 0.0 <= float(threshold) <= 1.0):
-                raise ValueError(f"alloc.threshold must lie in [0, 1] (0: every prompt active), got {threshold!r}")
-            threshold = float(threshold)
-        elif threshold is not None:
-            raise ValueError(f"alloc.threshold is the authors' active-set rule (method=sera); {name} has none")
-        n_min = n_min if n_min is not None else (2 if active else max(2, pilot_m))
-        n_max = n_max if n_max is not None else (4 if active else 8) * n0
-        if method.advantage is not None:
-            if n_min < 2:
-                raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
-            if estimator == "pilot" and n_min < pilot_m:
-                raise ValueError(f"alloc.n_min={n_min} is below method.pilot_m={pilot_m}: pilots are in every group")
-            if not n_min <= n0 <= n_max:
-                raise ValueError(
-                    f"infeasible budget: B x n0={n0} rollouts cannot be split with {n_min} <= n_i <= {n_max} "
-                    "(need n_min <= n0 <= n_max; pilots count toward the budget)"
-                )
-            if method.advantage == "pkpo" and n0 < pkpo_k:
-                raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {pkpo_k})")
-        try:
-            sequential = SequentialSettings(**(sequential or {}))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"method.sequential: {err}") from None
-        if sampler.prior and not sequential.k0 <= n0:  # SARA's first probe (DS and DPS draw whole groups)
-            raise ValueError(f"method.sequential: the first probe k0={sequential.k0} must be <= n0={n0}")
-        if sampler.prior and sequential.prior == "history" and not study.repeated_prompts:
-            raise ValueError("method.sequential.prior=history keeps each prompt's past outcomes: it needs prompts that "
-                             "recur (a finite pool); use prior=population")  # fmt: skip
+        threshold = _threshold(method, estimator, keep_cv_on_zero, threshold)
+        n_min, n_max = _bounds(method, n0, estimator, pilot_m, n_min, n_max, pkpo_k)
+        sequential = _sequential(method, study, n0, sequential)
         adv_kwargs = {}
         if method.advantage == "maxrl":
             adv_kwargs = {"keep_cv_on_zero": bool(keep_cv_on_zero)}
@@ -296,3 +228,109 @@ class MethodSettings:
     def sequential_changes(self) -> dict:
         """{setting: value} of the method.sequential settings the allocator reads that differ from the defaults."""
         return self.sequential.changes(self.sampler.reads)
+
+
+def _p_hat_source(method: Method, study: Study, estimator: str | None, pilot_m: int | None) -> tuple[str, int]:
+    """(estimator, pilot_m) of a run: the registry's where None (the authors' rule: the exact p where the study has
+    it, else their Beta history), checked against the study and the method's allocator. docs/design.md section 3."""
+    name, sampler = method.name, method.sampler
+    if method.allocator == "active" and estimator is None:
+        estimator = "oracle" if "oracle" in study.estimators else "beta"
+    estimator, pilot_m = method.p_hat_source(estimator, pilot_m)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown method.estimator {estimator!r}; choose from {ESTIMATORS}")
+    if estimator not in study.estimators:
+        raise ValueError(f"method.estimator={estimator} is unavailable in {study.name}: {study.estimators}")
+    if estimator == "history" and not study.repeated_prompts:
+        raise ValueError("method.estimator=history needs repeated prompts; this task draws fresh ones (use pilot)")
+    if estimator == "beta" and not study.repeated_prompts:
+        raise ValueError(
+            f"{name}'s Beta history needs prompts that recur in epochs; with fresh prompts every step it would "
+            "allocate uniformly for ever, which is MaxRL under SERA's name (the maze: set task.pool_size and "
+            "task.pool_order=epoch)"
+        )
+    if estimator == "beta" and method.allocator != "active":
+        raise ValueError(f"method.estimator=beta is the authors' estimator of method=sera, not of {name}")
+    if sampler.p_hat and estimator == "none":
+        raise ValueError(f"{name} needs a p_hat estimator: method.estimator={'|'.join(study.estimators[1:])}")
+    if sampler.stream and not study.sequential:
+        raise ValueError(f"{name} draws extra prompts during a step, which the {study.name} study does not support")
+    if sampler.predictor and not study.repeated_prompts:
+        raise ValueError(f"{name} predicts from each prompt's history: it needs prompts that recur (a finite pool)")
+    if not sampler.p_hat and estimator != "none":
+        raise ValueError(f"{name} allocates without p_hat: set method.estimator=none")
+    if estimator == "pilot" and pilot_m < 1:
+        raise ValueError("method.estimator=pilot needs method.pilot_m >= 1 (use estimator=history for m = 0)")
+    if estimator != "pilot" and pilot_m != 0:
+        raise ValueError(f"method.estimator={estimator} takes no pilots: set method.pilot_m=0")
+    return estimator, pilot_m
+
+
+def _correction(method: Method, multiplicity_correction: bool | None) -> bool:
+    """SERA's multiplicity correction: the registry's where None; refused where every n_i = n0. docs/design.md 2.5."""
+    if multiplicity_correction is None:
+        return method.multiplicity_correction
+    if multiplicity_correction and not method.sampler.unequal_counts:
+        raise ValueError(f"method.multiplicity_correction=true has no effect on {method.name}: every n_i = n0")
+    return multiplicity_correction
+
+
+def _threshold(method: Method, estimator: str, keep_cv_on_zero: bool, threshold: float | None) -> float | None:
+    """The authors' active-set threshold (0.05 where None) for their rule, which reads the exact p or the Beta history
+    and equalises 1 - (1 - p)^(n - 1); None for every other method, which must not set one. docs/design.md 2.7."""
+    name = method.name
+    if method.allocator != "active":
+        if threshold is not None:
+            raise ValueError(f"alloc.threshold is the authors' active-set rule (method=sera); {name} has none")
+        return None
+    if estimator not in ("oracle", "beta"):
+        raise ValueError(
+            f"{name} allocates from the exact p (method.estimator=oracle, the classifier) or from the "
+            "authors' epoch-frozen Beta history (method.estimator=beta, the language models), not "
+            f"method.estimator={estimator} (docs/design.md section 2.7)"
+        )
+    if keep_cv_on_zero:
+        raise ValueError(f"{name} equalises 1 - (1 - p)^(n - 1): method.keep_cv_on_zero must be false")
+    threshold = 0.05 if threshold is None else threshold
+    if not (isinstance(threshold, (int, float)) and 0.0 <= float(threshold) <= 1.0):
+        raise ValueError(f"alloc.threshold must lie in [0, 1] (0: every prompt active), got {threshold!r}")
+    return float(threshold)
+
+
+def _bounds(
+    method: Method, n0: int, estimator: str, pilot_m: int, n_min: int | None, n_max: int | None, pkpo_k: int
+) -> tuple[int, int]:
+    """(n_min, n_max) of a prompt's rollouts: the authors' 2 and 4 n0 for their rule, else max(2, m) and 8 n0, where
+    None; for an RL method checked to hold the pilots and the budget B n0 (and PKPO's k). docs/design.md 2.4."""
+    active = method.allocator == "active"
+    n_min = n_min if n_min is not None else (2 if active else max(2, pilot_m))
+    n_max = n_max if n_max is not None else (4 if active else 8) * n0
+    if method.advantage is None:
+        return n_min, n_max
+    if n_min < 2:
+        raise ValueError(f"alloc.n_min must be >= 2 (with n = 1 the MaxRL estimator is zero), got {n_min}")
+    if estimator == "pilot" and n_min < pilot_m:
+        raise ValueError(f"alloc.n_min={n_min} is below method.pilot_m={pilot_m}: pilots are in every group")
+    if not n_min <= n0 <= n_max:
+        raise ValueError(
+            f"infeasible budget: B x n0={n0} rollouts cannot be split with {n_min} <= n_i <= {n_max} "
+            "(need n_min <= n0 <= n_max; pilots count toward the budget)"
+        )
+    if method.advantage == "pkpo" and n0 < pkpo_k:
+        raise ValueError(f"pkpo needs n0 >= method.pkpo_k ({n0} < {pkpo_k})")
+    return n_min, n_max
+
+
+def _sequential(method: Method, study: Study, n0: int, sequential) -> SequentialSettings:
+    """The sequential allocators' settings (a dict or None: the defaults), checked against the method and study.
+    docs/design.md section 4.3."""
+    try:
+        settings = SequentialSettings(**(sequential or {}))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"method.sequential: {err}") from None
+    if method.sampler.prior and not settings.k0 <= n0:  # SARA's first probe (DS and DPS draw whole groups)
+        raise ValueError(f"method.sequential: the first probe k0={settings.k0} must be <= n0={n0}")
+    if method.sampler.prior and settings.prior == "history" and not study.repeated_prompts:
+        raise ValueError("method.sequential.prior=history keeps each prompt's past outcomes: it needs prompts that "
+                         "recur (a finite pool); use prior=population")  # fmt: skip
+    return settings

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,19 @@ def check_same_config(path: Path, config: dict) -> None:
             "with the original setting, give this run its own folder with run.name=..., or delete the folder to "
             "start over."
         )
+
+
+def drop_restored(path: str | os.PathLike) -> bool:
+    """Remove a run restored from the archive (a finished run marked ARCHIVED: records only), so that it is trained
+    again here: what a reproduce target does (run.rerun_archived), since a copy of the archive reproduces nothing.
+    The archive keeps its records, and `paper_figures.archive save` compares the new run with them. True when one
+    was removed."""
+    path = Path(path)
+    if not ((path / ARCHIVED_FILE).exists() and (path / DONE_FILE).exists()):
+        return False
+    shutil.rmtree(path)
+    print(f"{path}: restored from the archive (records only); trained again here (run.rerun_archived)")
+    return True
 
 
 def finished_summary(path: str | os.PathLike, config: dict) -> dict | None:

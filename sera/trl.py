@@ -49,6 +49,7 @@ from sera.collect import advantages_and_weights, collect, collection_metrics
 from sera.distributed import gathered_state, rank_seed
 from sera.estimation import P_HI, P_LO, BetaHistory, HistoricalEstimator
 from sera.methods import MethodSettings, Study
+from sera.sink import SinkMonitor
 
 TESTED_TRL = "1.16."  # the TRL minor version whose private methods this module overrides
 STUDY = Study("trl", estimators=("none", "pilot", "history", "beta"), repeated_prompts=True, sequential=False)
@@ -224,12 +225,14 @@ class SERAGRPOTrainer(GRPOTrainer):
             warnings.warn(note, stacklevel=2)
         self.sera = settings
         self.last_step: SeraStep | None = None
-        self._history, self._history_index = None, None
+        self._history, self._history_index, self._sink = None, None, None
         self._generations = 0  # training generation batches so far: the Beta history's epochs count them
-        if settings.estimator in ("history", "beta"):
+        if settings.estimator in ("history", "beta") or watches_sink(config, given["train_dataset"]):
             column = given["train_dataset"][config.prompt_id_column]
             self._history_index = {value: i for i, value in enumerate(dict.fromkeys(column))}
             size = len(self._history_index)
+            self._sink = SinkMonitor(size) if watches_sink(config, given["train_dataset"]) else None
+        if settings.estimator in ("history", "beta"):
             self._history = (
                 BetaHistory(size) if settings.estimator == "beta"
                 else HistoricalEstimator(size, settings.p_lo, settings.p_hi)
@@ -238,6 +241,8 @@ class SERAGRPOTrainer(GRPOTrainer):
         self._draw_record: tuple | None = None  # (SeraStep, this process's coefficients, collection metrics)
         self._eval_rewards: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
+        if self._sink is not None:
+            self._sink.warn = self.accelerator.is_main_process  # every process watches the same global batch
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, RecordsCallback):
                 callback.trainer = self  # the records gather a sharded policy through the trainer (policy_engine)
@@ -312,11 +317,13 @@ class SERAGRPOTrainer(GRPOTrainer):
             draws.append(_Draw(share, mine, mine_prompts, generated, per_func))
             return None, self._binary(per_func)
 
-        ids = self._history_ids(groups) if self._history is not None else None
+        ids = self._history_ids(groups) if self._history_index is not None else None
+        # TRL's sampler reads the dataset in epochs of len // B whole generation batches (a shorter last one is
+        # dropped), so a batch's epoch is its index over that; the history freezes its estimates at each start
+        epoch = self._generations // max(1, len(self.train_dataset) // batch)
+        sink = self._sink.start(epoch) if self._sink is not None else {}
         if isinstance(self._history, BetaHistory):
-            # TRL's sampler reads the dataset in epochs of len // B whole generation batches (a shorter last one is
-            # dropped), so a batch's epoch is its index over that; the history freezes its estimates at each start
-            self._history.advance_to(self._generations // (len(self.train_dataset) // batch))
+            self._history.advance_to(epoch)
             p_hat_source = lambda: self._history.estimate(ids)  # noqa: E731
         elif self._history is not None:
             p_hat_source = lambda: self._history.estimate(ids) if self._history.has_data else None  # noqa: E731
@@ -327,6 +334,8 @@ class SERAGRPOTrainer(GRPOTrainer):
         if self._history is not None:
             # the groups trained on: the authors' active set leaves some prompts out, with no rollouts
             self._history.update(ids[collected.prompts], collected.successes, collected.counts)
+        if self._sink is not None:  # the never-solved measures and the guard (sera.sink), watched from outside
+            sink |= self._sink.observe(ids, collected.prompts, collected.counts, collected.successes)
 
         # The rows of the step in TRL's order: process r holds its share of every draw, draws in call order.
         offsets = np.cumsum([0] + [d.share * world for d in draws])
@@ -345,7 +354,7 @@ class SERAGRPOTrainer(GRPOTrainer):
             by_job[3], per_func,
         )  # fmt: skip
         local = slice(rank * len(inputs), (rank + 1) * len(inputs))
-        self._draw_record = (step, step.coefficients[local], collection_metrics(self.sera, collected, batch))
+        self._draw_record = (step, step.coefficients[local], collection_metrics(self.sera, collected, batch) | sink)
         self.last_step = step
 
         # Relabel this process's rows in place: TRL's caller scores and logs these lists after _generate returns.
@@ -467,11 +476,14 @@ class SERAGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # the history goes in first: transformers ends its save by deleting the older checkpoints (save_total_limit),
         # so a history written after it would leave a moment when no checkpoint is whole
-        if self._history is not None and self.args.should_save:
+        if (self._history is not None or self._sink is not None) and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = f"{self._get_output_dir(trial=trial)}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             os.makedirs(folder, exist_ok=True)
+            if self._sink is not None:
+                np.savez(f"{folder}/{SINK_FILE}", generations=self._generations, **self._sink.arrays())
+        if self._history is not None and self.args.should_save:
             state = self._history.state_dict()
             if isinstance(self._history, BetaHistory):
                 np.savez(f"{folder}/{HISTORY_FILE}", generations=self._generations, **state)
@@ -481,6 +493,10 @@ class SERAGRPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
+        if self._sink is not None and checkpoint is not None and os.path.exists(f"{checkpoint}/{SINK_FILE}"):
+            with np.load(f"{checkpoint}/{SINK_FILE}") as saved:
+                self._generations = int(saved["generations"])
+                self._sink.load_arrays({k: saved[k] for k in saved.files if k != "generations"})
         if self._history is not None and checkpoint is not None:
             with np.load(f"{checkpoint}/{HISTORY_FILE}") as saved:
                 if isinstance(self._history, BetaHistory):
@@ -492,6 +508,15 @@ class SERAGRPOTrainer(GRPOTrainer):
 
 
 HISTORY_FILE = "sera_history.npz"
+SINK_FILE = "sera_sink.npz"  # the sink monitor's state (sera.sink)
+
+
+def watches_sink(config, dataset) -> bool:
+    """The sink monitor runs on a dataset whose prompts carry ids (config.prompt_id_column, kept by
+    remove_unused_columns=False) and that holds at least one generation batch: a pool read in epochs."""
+    prompts = config.generation_batch_size // config.num_generations
+    columns = getattr(dataset, "column_names", None) or []
+    return config.prompt_id_column in columns and not config.remove_unused_columns and len(dataset) >= prompts
 
 
 class RecordsCallback(transformers.TrainerCallback):

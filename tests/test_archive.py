@@ -172,6 +172,43 @@ def test_save_says_when_a_run_trained_again_gives_other_records_and_keeps_the_ar
     )
     assert archive.main(["save", *args]) == 0
     said = capsys.readouterr().out
-    assert "base_seed-3 was trained again and its evaluation records differ" in said
+    assert "1 run(s) under" in said and "were trained again and their evaluation records differ" in said
+    assert "(first: base_seed-3)" in said
     assert (store / "maze-cpu" / "base_seed-3" / "eval_step3_heldout.json").read_bytes() == archived
     assert [str(p) for p in archive.retrained(runs / "maze-cpu", store / "maze-cpu")] == ["base_seed-3"]
+
+
+@pytest.mark.slow
+def test_a_reproduction_trains_again_a_run_restored_by_make_tables(tmp_path):
+    """`make tables` restores the archive into runs/ (records only, ARCHIVED); a reproduce target's sweep
+    (run.rerun_archived=true) then trains that run again instead of skipping it as finished, and the comparison
+    counts it as made here. Without the setting the restored run is skipped, as a grid continuing an archive wants."""
+    import os
+    import subprocess
+    import sys
+
+    runs, store = tmp_path / "runs", tmp_path / "archive"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+    def train(*extra):
+        command = [sys.executable, "-m", "experiments.imagenet.train", "scale=imagenet/smoke", "method=maxrl",
+                   f"run.root={runs}", "run.if_finished=skip", "threads=1", "progress=false", *extra]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    train()
+    (folder,) = [p.name for p in runs.iterdir() if p.is_dir()]
+    archive.save(runs / folder, store / folder)
+    shutil.rmtree(runs)
+    archive.restore(store / folder, runs / folder)  # what make tables leaves behind
+    (run,) = [p for p in (runs / folder).iterdir() if (p / "DONE").exists()]
+    assert (run / ARCHIVED_FILE).exists()
+    assert "is finished with this config; skipping" in train()  # a grid that continues the archive
+    assert numerics.made_here(runs / folder) == ([], 1)
+    said = train("run.rerun_archived=true")
+    assert "trained again here (run.rerun_archived)" in said and "skipping" not in said
+    assert not (run / ARCHIVED_FILE).exists() and (run / "DONE").exists()
+    here, restored = numerics.made_here(runs / folder)
+    assert len(here) == 1 and restored == 0
+    assert archive.retrained(runs / folder, store / folder) == []  # one CPU, one seed: the same records

@@ -63,10 +63,19 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert {"index.html", "design/index.html", "maze/index.html", "numerics/index.html"} <= built
 
 
+def code_and_output(page: str, heading: str = "") -> tuple[str, str]:
+    """The first python block of a page (from its section `heading` on, when given) and the text block that follows
+    it: the code and what the page says it prints. A text block alone (no python block) comes back with code ''."""
+    text = (ROOT / page).read_text()
+    if heading:
+        text = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"(?:```python\n(.*?)```\n)?```text\n(.*?)```", text, re.S)
+    assert found, f"{page}{' ' + heading if heading else ''} shows no text block of output"
+    return found[1] or "", found[2]
+
+
 def test_the_readme_quick_start_prints_what_it_shows(capsys):
     """README's quick start: its python block, run as written, prints exactly the text block below it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    code, shown = re.search(r"```python\n(.*?)```\n```text\n(.*?)```", section, re.S).groups()
+    code, shown = code_and_output("README.md", "## Quick start")
     exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
     assert capsys.readouterr().out == shown

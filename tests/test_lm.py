@@ -718,14 +718,54 @@ def test_the_authors_rule_logs_where_its_rollouts_go_by_whether_a_prompt_was_eve
         assert r["alloc/solved_n_median"] == 2.0
 
 
-def test_the_unsolved_share_counts_a_prompt_left_out_as_zero_rollouts():
-    from sera.lm_loop import unsolved_metrics
+def test_the_sink_interventions_change_where_the_authors_rule_puts_its_rollouts(tmp_path):
+    """The plan's interventions on HalfSolvedEpochToyTask (results/cpu/PLAN_SINK.md). leave_out: from epoch 1 the two
+    never-solved prompts get none, the two solved ones share the 32 (budget 32 <= 2 x n_max = 64). uniform_epochs=3:
+    epochs 0-2 are uniform (no active set), the history is read from epoch 3 on (the Beta means of 0.5 / 9 and
+    8.5 / 9 that epoch 1 would have read are in the monitor's bins at epoch 2's start)."""
+    cfg = loop_cfg("sera", None, 0, steps=8)
+    cfg.alloc.never_solved = "leave_out"
+    _, records = run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
+    for r in records[4:]:
+        assert r["alloc/active"] == 2 and r["alloc/unsolved_share"] == 0.0 and r["alloc/unsolved_active"] == 0
+        assert (r["alloc/n_min"], r["alloc/n_max"]) == (16, 16)
+    cfg = loop_cfg("sera", None, 0, steps=16)
+    cfg.alloc.uniform_epochs = 3
+    _, records = run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
+    assert all("alloc/active" not in r and r["alloc/n_min"] == r["alloc/n_max"] == 8 for r in records[:12])
+    assert all("alloc/active" in r for r in records[12:])  # epoch 3 reads three epochs of evidence
+    assert all(r["alloc/unsolved_share"] == 0.5 for r in records[4:12])  # uniform: half the rollouts on odd prompts
 
-    # prompts 0 and 2 never solved; prompt 2 left out of the active set, so it got none
-    got = unsolved_metrics([True, False, True, False], prompts=np.array([0, 1, 3]), counts=np.array([10, 4, 2]))
-    assert got == {"alloc/unsolved_share": 10 / 16, "alloc/unsolved_active": 1, "alloc/solved_n_median": 3.0}
-    got = unsolved_metrics([True, True], prompts=np.array([1]), counts=np.array([8]))
-    assert got == {"alloc/unsolved_share": 1.0, "alloc/unsolved_active": 1}  # no solved prompt: no median
+
+def test_the_sink_interventions_are_refused_for_a_method_without_the_beta_history(tmp_path):
+    cfg = loop_cfg("maxrl", "none", 0, steps=2)
+    cfg.alloc.never_solved = "leave_out"
+    with pytest.raises(ValueError, match="alloc.never_solved and alloc.uniform_epochs"):
+        run_toy(cfg, tmp_path / "a", task=EpochToyTask())
+    cfg.alloc.never_solved = "drop"
+    with pytest.raises(ValueError, match="alloc.never_solved in"):
+        settings(cfg)
+
+
+def test_maxrl_on_a_pool_logs_the_sink_measures_without_changing_its_records(tmp_path):
+    """The monitor watches from outside: a MaxRL run on a pool read in epochs has the same records as with the
+    monitor switched off (its keys aside), and logs the never-solved share from epoch 1 and each epoch's end."""
+    from sera import lm_loop
+
+    cfg = loop_cfg("maxrl", "none", 0, steps=12)
+    _, watched = run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
+    original = lm_loop.make_history
+    lm_loop.make_history = lambda *args: (original(*args)[0], None)
+    try:
+        _, plain = run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
+    finally:
+        lm_loop.make_history = original
+    added = ("alloc/unsolved_share", "alloc/unsolved_active", "alloc/solved_n_median", "pool/", "sink/")
+    assert [{k: v for k, v in r.items() if not k.startswith(added)} for r in watched] == plain
+    assert all(r["alloc/unsolved_share"] == 0.5 for r in watched[4:])  # uniform counts, half on odd prompts
+    assert watched[4]["pool/success"] == 0.5 and watched[4]["pool/never_solved"] == 0.5
+    assert watched[8]["pool/success_phat_0.05-0.2"] == 0.0 and watched[8]["pool/success_phat_0.8-1"] == 1.0
+    assert watched[8]["sink/epoch_unsolved_share"] == 0.5 and "sink/warned" not in watched[8]
 
 
 def test_the_beta_history_refuses_prompts_not_read_in_epochs(tmp_path):

@@ -258,3 +258,20 @@ def test_the_trl_plan_takes_the_studys_own_micro_batch(study, rows):
     """make plan TRL=1 plans the micro-batch the study's TRL launch uses (MAZE_TRL_MICRO_ROWS, MATH_TRL_MICRO_ROWS)."""
     line = " ".join(dry_run("plan", f"STUDY={study}", "SCALE=paper", "TRL=1"))  # the recipe spans two lines
     assert f"-m sera.plan {study} " in line and f"--trl --micro-rows {rows} " in f"{line} "
+
+
+@pytest.mark.parametrize(
+    "target, variables, study",
+    [("reproduce-imagenet", (), "imagenet"), ("reproduce-imagenet", ("SCALE=cpu",), "imagenet"),
+     ("reproduce-imagenet", ("SCALE=paper",), "imagenet"),
+     ("reproduce-maze", ("BASELINES=",), "maze"), ("reproduce-math", ("BASELINES=",), "math"),
+     ("reproduce-sara", ("SARA_STUDIES=imagenet,math",), "math"), ("reproduce-retrained", (), "maze"),
+     ("ablate", ("STUDY=imagenet", "SETTING=n0", "VALUES=16,32", "SCALE=smoke"), "imagenet")],
+)  # fmt: skip
+def test_every_reproduce_target_trains_again_the_runs_restored_from_the_archive(target, variables, study):
+    """A reproduction reruns what `make tables` restored (run.rerun_archived=true on every training sweep); the sink's
+    grid continues its archive instead (a seed finished in an earlier session is not trained again)."""
+    sweeps = [line for line in dry_run(target, *variables) if f"experiments.{study}.train" in line]
+    assert sweeps and all("run.rerun_archived=true" in line for line in sweeps)
+    sink = [line for line in dry_run("sink", "INTERVENTION=floor") if "experiments.maze.train" in line]
+    assert sink and not any("rerun_archived" in line for line in sink)

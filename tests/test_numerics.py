@@ -100,11 +100,53 @@ def test_fresh_tables_are_compared_cell_by_cell(tmp_path, fresh, head):
     (tmp_path / "out" / "g").mkdir(parents=True)
     (tmp_path / "out" / "g" / "t.md").write_text(TABLE.format(fresh))
     lines = table_numerics.compare_folder("g", tmp_path / "out", results, tmp_path / "runs", archive)
-    assert head in lines[0]
-    assert lines[1] == "  committed: numerics avx512 (torch at X, C)" and lines[2].startswith("  this run:")
+    assert lines[0].startswith("g: committed tables made with numerics avx512 (torch at X, C); nothing was rerun")
+    assert lines[1] == "  verdicts: no pre-registered claim of this folder was rebuilt" and head in lines[2]
     if fresh == "1.50":
         assert any("1.00" in line and "1.50" in line for line in lines[3:])
     assert len(lines) == 3 + (fresh != "1.00") + (fresh == "")  # the change, and the loss marked as one
+
+
+def test_the_comparison_counts_runs_made_here_apart_from_restored_ones(tmp_path):
+    results, archive = committed_folder(tmp_path, TABLE.format("1.00"), "avx2")
+    (tmp_path / "out" / "g").mkdir(parents=True)
+    (tmp_path / "out" / "g" / "t.md").write_text(TABLE.format("1.00"))
+    for name, restored in (("a_seed-0", True), ("b_seed-0", False), ("c_seed-0", False)):
+        run = tmp_path / "runs" / "g" / name
+        run.mkdir(parents=True)
+        (run / "DONE").write_text("{}")
+        (run / NUMERICS_FILE).write_text(json.dumps({"level": "avx2", "torch_cpu_capability": "AVX2", "cpu": "Here"}))
+        if restored:
+            (run / "ARCHIVED").write_text("restored\n")
+    head = table_numerics.compare_folder("g", tmp_path / "out", results, tmp_path / "runs", archive)[0]
+    assert "2 run(s) made here (avx2 (torch at AVX2, Here)), 1 restored from the archive and not rerun" in head
+
+
+PREREG = (
+    "| claim | endpoint | seeds | difference (pp) [seed 95% t] | decision |\n|---|---|---|---|---|\n"
+    "| C7 classification n0 = 16 | primary | 8 of 8 | {} | {} |\n"
+    "| C8 classification n0 = 128 | primary | 8 of 8 | +21.55 [+20.47, +22.63] | supported |\n"
+)
+
+
+@pytest.mark.parametrize(
+    "fresh, decision, expected",
+    [("+2.04 [+1.16, +2.92]", "supported", ["verdicts: all 2 pre-registered verdicts held",
+                                             "directions: every difference kept its sign",
+                                             "C7 classification n0 = 16 primary: +2.15 -> +2.04 (-0.11 pp)"]),
+     ("-0.30 [-1.20, +0.60]", "not decided at this power",
+      ["verdicts: 1 of 2 CHANGED: C7 classification n0 = 16 primary: supported -> not decided at this power",
+       "directions: 1 difference(s) changed sign: C7 classification n0 = 16 primary",
+       "C7 classification n0 = 16 primary: +2.15 -> -0.30 (-2.45 pp)"])],
+)  # fmt: skip
+def test_the_comparison_leads_with_the_verdicts_directions_and_largest_move(tmp_path, fresh, decision, expected):
+    results, archive = committed_folder(tmp_path, TABLE.format("1.00"), "avx2")
+    (results / "g" / "preregistered.md").write_text(PREREG.format("+2.15 [+1.07, +3.24]", "supported"))
+    (tmp_path / "out" / "g").mkdir(parents=True)
+    (tmp_path / "out" / "g" / "t.md").write_text(TABLE.format("1.00"))
+    (tmp_path / "out" / "g" / "preregistered.md").write_text(PREREG.format(fresh, decision))
+    lines = table_numerics.compare_folder("g", tmp_path / "out", results, tmp_path / "runs", archive)
+    assert lines[1].strip() == expected[0] and lines[2].strip() == expected[1] and lines[3].endswith(expected[2])
 
 
 @pytest.mark.parametrize("script", ["examples.trl_vs_loop", "examples.trl_math"])

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from paper_figures import imagenet
-from paper_figures.runs import load_runs
+from paper_figures.runs import load_runs, paper_row_method
 from sera.runlog import CONFIG_FILE, DONE_FILE, METRICS_FILE, VAL_P_FILE, alloc_snapshot_file
 from sera.stats import paired_bootstrap_ci
 
@@ -349,3 +349,15 @@ def test_table2_leaves_another_ablations_runs_to_their_table(tmp_path):
     imagenet.table2(tmp_path, "cpu", tmp_path / "out")
     verdict = (tmp_path / "out" / "imagenet-cpu" / "table2_verdict.md").read_text()
     assert "refused" not in verdict and "| 16 | 1 vs 1 |" in verdict
+
+
+@pytest.mark.parametrize(
+    "name, ran, beside",
+    [("sera", {"sera", "sera_pilot", "maxrl"}, "sera"), ("sera", {"sera_pilot", "maxrl"}, "sera_pilot"),
+     ("sera", set(), "sera_pilot"), ("sera_pilot", {"sera"}, "sera"), ("maxrl", {"sera_pilot"}, "maxrl"),
+     ("direct_ce", set(), "direct_ce")],
+)  # fmt: skip
+def test_a_paper_row_sits_beside_its_method_or_a_tested_method_with_its_baseline(name, ran, beside):
+    """Table 2's routing by the registry: the row's own method where it ran; else the first tested method (registry
+    order) against the same baseline that ran, or that could; a method without a baseline keeps its own place."""
+    assert paper_row_method(name, ran) == beside

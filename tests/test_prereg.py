@@ -260,3 +260,18 @@ def test_an_exploratory_row_shows_its_interval_and_decides_nothing(tmp_path):
         maze_run(tmp_path, "sera_pilot", seed, steps([b, 10, 10, 10]))
     primary = rows_for(tmp_path, claim)[0]
     assert primary[3].startswith("+") and primary[4] == "exploratory: decides nothing" and primary[6] == ""
+
+
+def test_a_claim_refuses_two_runs_of_one_seed_rather_than_pick_one(tmp_path):
+    """An intervention or ablation run of the registered method in the claim's own folder (same method, aggregation
+    and seed, other settings) would otherwise replace the registered run in the table without a word."""
+    from paper_figures.prereg import CLAIMS, runs_of
+    from paper_figures.runs import Run
+
+    claim = next(c for c in CLAIMS if c.name.startswith("C5"))
+    config = {"experiment": "maze", "seed": 17, "method": {"name": "sera", "aggregation": "token-mean"}}
+    one = Run(tmp_path / "sera_seed-17", config, [], True)
+    other = Run(tmp_path / "sera_alloc.n_min=4_seed-17", {**config, "alloc": {"n_min": 4}}, [], True)
+    assert runs_of([one], claim, "sera") == {17: one}
+    with pytest.raises(ValueError, match="two finished sera runs of seed 17"):
+        runs_of([one, other], claim, "sera")

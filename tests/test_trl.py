@@ -643,3 +643,34 @@ def test_the_maze_through_trl_is_a_run_folder_the_tables_read(tmp_path):
     shutil.rmtree(tmp_path / "maze-smoke")
     restore(tmp_path / "archive", tmp_path)
     assert (base / "ARCHIVED").exists() and main([*study, "method=maxrl", "--cpu"]) is None
+
+
+@pytest.mark.parametrize("hopeless", [6, 2])
+def test_the_trainer_logs_the_sink_and_warns_when_an_epoch_sinks(tmp_path, hopeless):
+    """MaxRL on eight prompts (B = 4: two steps an epoch) of which `hopeless` can never be solved (no letter allowed)
+    and the rest always are: from epoch 1 the monitor (sera.sink) logs the share of each step's rollouts on
+    never-solved prompts, and at epoch 2's start the ended epoch's share; with 6 of 8 (75% of the uniform budget,
+    more than half) the guard warns once, with 2 of 8 (25%) it stays quiet."""
+    import warnings
+
+    from datasets import Dataset
+
+    from sera.sink import SinkWarning
+
+    data = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh", "ghi", "hij"],
+                              "allowed": [""] * hopeless + [trl_toy.LETTERS] * (8 - hopeless),
+                              "prompt_id": list(range(8))})  # fmt: skip
+    args = trl_toy.config(tmp_path, method="maxrl", max_steps=5, remove_unused_columns=False)
+    run = trl_toy.trainer(args, data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.train()
+    sinks = [w for w in caught if issubclass(w.category, SinkWarning)]
+    logs = run.state.log_history
+    shares = [x["alloc/unsolved_share"] for x in logs if "alloc/unsolved_share" in x]
+    assert shares == [hopeless / 8] * 3  # steps 3-5 (epochs 1 and 2): uniform counts
+    (ended,) = [x for x in logs if "sink/epoch_unsolved_share" in x]
+    assert ended["sink/epoch_unsolved_share"] == hopeless / 8 and ended["pool/never_solved"] == hopeless / 8
+    assert len(sinks) == (hopeless > 4) and ("sink/warned" in ended) == (hopeless > 4)
+    if sinks:
+        assert "epoch 1: 75% of the rollouts went to prompts never solved so far" in str(sinks[0].message)

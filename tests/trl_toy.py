@@ -202,11 +202,8 @@ def suite_gradient(config, state, output, coefficients, aggregation, totals) -> 
     return grads
 
 
-def one_step(out_dir, method: str = "sera_pilot", loss_type: str = "dapo", vllm: bool = False, **overrides) -> dict:
-    """Train one step and return its checks (the same on every process). vllm: generate with vLLM in colocate mode
-    (the vLLM-sized toy model, saved under out_dir). method=sera trains two steps on a dataset of B prompts,
-    so that each step is an epoch of its Beta history, and checks the second: the first epoch is uniform."""
-    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's processes
+def train_toy(out_dir, world: int, method: str, loss_type: str, vllm: bool, overrides: dict):
+    """(the trainer, its Capture) after one_step's training: one step, or two for method=sera (see one_step)."""
     path = None
     if vllm:
         path = saved_model(os.path.join(out_dir, "toy-model"))
@@ -223,6 +220,15 @@ def one_step(out_dir, method: str = "sera_pilot", loss_type: str = "dapo", vllm:
     capture = Capture(run)
     run.add_callback(capture)
     run.train()
+    return run, capture
+
+
+def one_step(out_dir, method: str = "sera_pilot", loss_type: str = "dapo", vllm: bool = False, **overrides) -> dict:
+    """Train one step and return its checks (the same on every process). vllm: generate with vLLM in colocate mode
+    (the vLLM-sized toy model, saved under out_dir). method=sera trains two steps on a dataset of B prompts,
+    so that each step is an epoch of its Beta history, and checks the second: the first epoch is uniform."""
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's processes
+    run, capture = train_toy(out_dir, world, method, loss_type, vllm, overrides)
     output, rows = capture.batches[-1]  # the step checked: the last
     tok = run.processing_class
     prompts = [tok.decode(p[m.bool()]) for p, m in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]

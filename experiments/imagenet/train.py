@@ -59,7 +59,15 @@ from sera.distributed import PROCESS_GROUP_TIMEOUT_S, all_gather, unwrapped, wor
 from sera.driver import NO_CUDA
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
-from sera.runlog import VAL_P_FILE, RunDir, SkipGuard, alloc_snapshot_file, check_finite_eval, finished_summary
+from sera.runlog import (
+    VAL_P_FILE,
+    RunDir,
+    SkipGuard,
+    alloc_snapshot_file,
+    check_finite_eval,
+    drop_restored,
+    finished_summary,
+)
 from sera.threads import set_torch_threads
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -220,6 +228,11 @@ def run(cfg: DictConfig) -> dict:
     threads = set_torch_threads(cfg.threads)
     config = OmegaConf.to_container(cfg, resolve=True)
     out_dir = Path(cfg.run.root) / f"{cfg.experiment}-{cfg.scale_name}" / run_name(cfg, settings)
+    if cfg.run.get("rerun_archived", False):  # a reproduce target: a copy of the archive reproduces nothing
+        if rank == 0:
+            drop_restored(out_dir)
+        if world > 1:
+            torch.distributed.barrier()
     summary = finished_summary(out_dir, config)
     if summary is not None and cfg.run.if_finished == "skip":
         print(f"{out_dir} is finished with this config; skipping (run.if_finished=skip)")

@@ -17,14 +17,16 @@ Fetch one set (on a machine with hub access):
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sera.datafiles import load_named, local_path, read_rows, write_jsonl
+
+__all__ = ["load_dataset_spec", "local_path", "read_rows", "write_jsonl"]  # the last three: sera.datafiles'
+
 FIELDS = ("id", "question", "answer")
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "math"
-SUFFIXES = (".jsonl", ".parquet")
 
 
 @dataclass(frozen=True)
@@ -121,36 +123,6 @@ def to_problems(rows: Iterable[dict], spec: HubSpec | None, id_prefix: str) -> l
     return problems
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The records of a .jsonl (one JSON object a line, blank lines skipped) or .parquet file."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if path.suffix != ".jsonl":
-        raise ValueError(f"{path}: expected a {' or '.join(SUFFIXES)} file")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line_no}: not a JSON object ({err.msg})") from None
-    return rows
-
-
-def write_jsonl(problems: list[dict], path: Path) -> None:
-    """Write problems one JSON object a line (creating the folder)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in problems), encoding="utf-8")
-
-
-def local_path(slug: str, split: str, data_dir: Path = DATA_DIR) -> Path:
-    """Where a registry dataset is kept: <data_dir>/<slug>-<split>.jsonl (a .parquet of that name also serves)."""
-    return Path(data_dir) / f"{slug}-{split}.jsonl"
-
-
 def load_dataset_spec(
     name_or_path: str | Path,
     split: str | None = None,
@@ -174,27 +146,18 @@ def load_dataset_spec(
     if slug in REGISTRY:
         if fields is not None:
             raise ValueError(f"fields= applies to a file path; {slug!r} already names its layout")
-        spec = REGISTRY[slug]
-        split = split or spec.split
-        path = local_path(slug, split, data_dir)
-        for candidate in (path, path.with_suffix(".parquet")):
-            if candidate.exists():
-                return _from_file(candidate, spec, f"{slug}-{split}")
-        if not allow_download:
-            raise FileNotFoundError(
-                f"{path} not found: {slug} is the hub dataset {spec.hub} (config {spec.config}, split {split}). "
-                f"Fetch it once with load_dataset_spec({slug!r}, split={split!r}, allow_download=True), which writes "
-                f"that file, or put a .jsonl/.parquet of it there."
-            )
+        split = split or REGISTRY[slug].split
+
+    def read(path: Path, spec: HubSpec | None) -> list[dict]:
+        return _from_file(path, spec, f"{slug}-{split}") if spec else _from_file(path, REGISTRY.get(fields), path.stem)
+
+    def fetch(spec: HubSpec, split: str, path: Path) -> list[dict]:
         problems = to_problems(_download(spec, split), spec, f"{slug}-{split}")
         write_jsonl(problems, path)
         return problems
-    if split is not None:
-        raise ValueError(f"split={split!r} applies to registry datasets ({sorted(REGISTRY)}), not to a file path")
-    path = Path(name)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found (and {name!r} is not one of the registry names {sorted(REGISTRY)})")
-    return _from_file(path, REGISTRY.get(fields), path.stem)
+
+    return load_named(slug, split, REGISTRY, data_dir, read=read, fetch=fetch, allow_download=allow_download,
+                      loader="load_dataset_spec", kind="registry datasets")  # fmt: skip
 
 
 def _from_file(path: Path, spec: HubSpec | None, id_prefix: str) -> list[dict]:

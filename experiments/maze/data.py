@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.math.data import read_rows, write_jsonl
 from experiments.maze.task import GOAL_CODE, START_CODE, solve
+from sera.datafiles import load_named, read_rows, write_jsonl
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "maze"
 SQUARES = {"WALL": 1, "PATH": 0, "START": START_CODE, "GOAL": GOAL_CODE}  # the authors' tokens -> grid codes
@@ -95,36 +95,24 @@ def grids_from_rows(rows: list[dict]) -> list[np.ndarray]:
     return out
 
 
-def local_path(slug: str, split: str, data_dir: Path = DATA_DIR) -> Path:
-    return Path(data_dir) / f"{slug}-{split}.jsonl"
-
-
 def load_maze_set(name_or_path: str | Path, split: str | None = None, *, data_dir: Path | None = None,
                   allow_download: bool = False) -> list[np.ndarray]:  # fmt: skip
     """The grids of a registry maze set's split (fetched from the hub only with allow_download, then kept in
-    data_dir) or of a local .jsonl / .parquet file."""
-    name, data_dir = str(name_or_path), Path(data_dir or DATA_DIR)
-    if name in REGISTRY:
-        spec = REGISTRY[name]
-        if split not in spec.splits:
-            raise ValueError(f"{name} has the splits {spec.splits}, not {split!r}")
-        path = local_path(name, split, data_dir)
-        if path.exists():
-            return grids_from_rows(read_rows(path))
-        if not allow_download:
-            raise FileNotFoundError(
-                f"{path} not found: {name} is the hub dataset {spec.hub} (split {split}). Fetch it once with "
-                f"load_maze_set({name!r}, {split!r}, allow_download=True), which writes that file (network needed)."
-            )
+    data_dir) or of a local .jsonl / .parquet file (sera.datafiles.load_named)."""
+    name = str(name_or_path)
+    if name in REGISTRY and split not in REGISTRY[name].splits:
+        raise ValueError(f"{name} has the splits {REGISTRY[name].splits}, not {split!r}")
+
+    def read(path: Path, _) -> list[np.ndarray]:
+        return grids_from_rows(read_rows(path))
+
+    def fetch(spec: HubMazes, split: str, path: Path) -> list[np.ndarray]:
         grids = grids_from_rows(_download(spec, split))
         write_jsonl([{"grid": ["".join(CHARS[int(v)] for v in row) for row in g]} for g in grids], path)
         return grids
-    if split is not None:
-        raise ValueError(f"split={split!r} applies to the registry's maze sets ({sorted(REGISTRY)}), not to a file")
-    path = Path(name)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found (and {name!r} is not one of the maze sets {sorted(REGISTRY)})")
-    return grids_from_rows(read_rows(path))
+
+    return load_named(name, split, REGISTRY, Path(data_dir or DATA_DIR), read=read, fetch=fetch,
+                      allow_download=allow_download, loader="load_maze_set", kind="maze sets")  # fmt: skip
 
 
 def _download(spec: HubMazes, split: str) -> list[dict]:

@@ -1,0 +1,224 @@
+"""The never-solved sink on the maze pool (results/cpu/PLAN_SINK.md; exploratory, it decides nothing). No torch.
+
+    python -m paper_figures.sink --runs runs --out paper_figures/out --results results/cpu
+
+Three tables into <out>/sink/ (published into <results>/sink/ unless the committed ones hold more):
+- footprint.md: the registered runs of C5 (the maze pool) and C6 (tiny-math), per method: the steps with no gradient
+  (no rollout with a non-zero advantage), the first such step, and the mean mixed groups a step.
+- interventions.md: each intervention of the plan (runs/sink/maze-cpu_pool, named by configs/sink/), SERA with it
+  minus MaxRL at C5's endpoint (held-out Pass@32 at step 800) seed by seed, the seed-level 95% t-interval, the same for
+  the authors' rule on those seeds, and the plan's reading. A pair stands only where both runs started from one base
+  model (`base.json`); MaxRL is C5's archived run of the seed unless the intervention reruns it (authors_optim).
+- mechanism.md: each sink run's measures (sera.sink): the never-solved share at the first allocation (step 32), the
+  mean share of a step's rollouts on never-solved prompts from epoch 1, mixed groups, steps with no gradient.
+And the regime picture (regime.png): SERA minus MaxRL against the never-solved share at the first allocation, one
+point a pair with both, with the OLS slope and its 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from paper_figures import guard
+from paper_figures.prereg import CLAIMS, base_of, record_passk, runs_of
+from paper_figures.render import pyplot, save_figure, write_table
+from paper_figures.runs import Run, load_runs
+from sera.stats import seed_t_interval
+
+C5 = next(c for c in CLAIMS if c.name.startswith("C5"))
+SINK_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "sink"
+FIRST_ALLOCATION = 32  # the step whose record holds the end of the uniform epoch 0 (1,024 mazes / B = 32)
+MIN_SEEDS = 6  # the plan's seeds before an intervention is read
+
+
+def flat(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
+
+
+def interventions() -> dict[str, dict]:
+    """Each named intervention (configs/sink/<name>.yaml) as its dotted settings."""
+    return {p.stem: flat(yaml.safe_load(p.read_text())) for p in sorted(SINK_CONFIGS.glob("*.yaml"))}
+
+
+def intervention_of(run: Run) -> str | None:
+    """The intervention whose every setting the run's config holds (None: none does)."""
+    for name, settings in interventions().items():
+        if all(run.get(key) == value for key, value in settings.items()):
+            return name
+    return None
+
+
+def endpoint(run: Run) -> float | None:
+    return record_passk(run, C5.eval_set, C5.final, C5.k)
+
+
+def by_seed(runs: list[Run], method: str) -> dict[int, Run]:
+    return {r.get("seed"): r for r in runs if r.finished and r.get("method.name") == method}
+
+
+def paired(a: Run | None, b: Run | None) -> float | None:
+    """a minus b at C5's endpoint, where both exist and started from one base model."""
+    if a is None or b is None or base_of(a) != base_of(b):
+        return None
+    x, y = endpoint(a), endpoint(b)
+    return None if x is None or y is None else x - y
+
+
+def interval_cell(diffs: list[float]) -> str:
+    if not diffs:
+        return "not run"
+    ci = seed_t_interval(np.asarray(diffs))
+    return f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}]" if len(diffs) > 1 else f"{ci.delta:+.2f}"
+
+
+def reading(own: list[float], rule: list[float], against_rule: list[float]) -> str:
+    """The plan's reading: removes the sink (own interval not below zero where the rule's is), helps (paired
+    difference against the rule above zero), or not shown to help; in progress below MIN_SEEDS seeds."""
+    if len(own) < MIN_SEEDS:
+        return f"in progress ({len(own)} of {MIN_SEEDS} seeds)"
+    own_ci, rule_ci = seed_t_interval(np.asarray(own)), seed_t_interval(np.asarray(rule))
+    words = []
+    if own_ci.high >= 0 > rule_ci.high:
+        words.append("removes the sink")
+    if len(against_rule) > 1 and seed_t_interval(np.asarray(against_rule)).low > 0:
+        words.append("helps")
+    return "; ".join(words) or "not shown to help"
+
+
+def intervention_rows(registered: list[Run], sink: list[Run]) -> list[list]:
+    maxrl, rule = by_seed(registered, "maxrl"), by_seed(registered, "sera")
+    rows = []
+    for name in interventions():
+        runs = [r for r in sink if intervention_of(r) == name]
+        own_maxrl = by_seed(runs, "maxrl")
+        pairs = []
+        for seed, run in sorted(by_seed(runs, "sera").items()):
+            against = own_maxrl.get(seed) if name == "authors_optim" else maxrl.get(seed)
+            d, c5 = paired(run, against), paired(rule.get(seed), maxrl.get(seed))
+            if d is not None:
+                pairs.append((seed, d, c5, paired(run, rule.get(seed))))
+        own = [d for _, d, _, _ in pairs]
+        c5 = [c for _, _, c, _ in pairs if c is not None]
+        versus = [v for _, _, _, v in pairs if v is not None]
+        each = ", ".join(f"{s}: {d:+.2f}" for s, d, _, _ in pairs)
+        rows.append([name, len(own), interval_cell(own), interval_cell(c5), interval_cell(versus),
+                     reading(own, c5, versus), each])  # fmt: skip
+    return rows
+
+
+def footprint_rows(claim, runs: list[Run]) -> list[list]:
+    """A registered claim's runs (C5: the maze pool, C6: tiny-math), per method over its seeds: steps with no gradient
+    (no rollout with a non-zero advantage: a median a run, in total, how many runs have one, the first such step's
+    median) and the median of the runs' mean mixed groups a step."""
+    rows = []
+    for method in (claim.against, claim.tested):
+        chosen = [r for seed, r in sorted(runs_of(runs, claim, method).items()) if seed in claim.seeds]
+        dead = [steps[values == 0] for steps, values in (r.series("train/live_rollouts") for r in chosen)]
+        firsts = [int(d[0]) for d in dead if d.size]
+        mixed = [float(np.mean(r.series("alloc/effective_groups")[1])) for r in chosen]
+        median = lambda values: float(np.median(values)) if values else None  # noqa: E731
+        runs_with = f"{len(firsts)} of {len(chosen)}"
+        rows.append([claim.name.split(",")[0], method, len(chosen), median([d.size for d in dead]),
+                     sum(d.size for d in dead), runs_with, median(firsts), median(mixed)])  # fmt: skip
+    return rows
+
+
+def measures(run: Run) -> dict:
+    """A sink run's measures (sera.sink): the never-solved share at the first allocation, the mean share of a step's
+    rollouts on never-solved prompts from epoch 1, mean mixed groups, steps with no gradient."""
+    first = next((r.get("pool/never_solved") for r in run.records if r["step"] == FIRST_ALLOCATION), None)
+    _, share = run.series("alloc/unsolved_share")
+    steps, live = run.series("train/live_rollouts")
+    mixed = float(np.mean(run.series("alloc/effective_groups")[1]))
+    return {"first": first, "share": float(share.mean()) if share.size else None, "mixed": mixed,
+            "dead": int(np.sum(live == 0))}  # fmt: skip
+
+
+def mechanism_rows(sink: list[Run], controls: list[Run]) -> list[list]:
+    rows = []
+    for label, runs in (("control", controls), *((n, [r for r in sink if intervention_of(r) == n]) for n in
+                                                  interventions())):  # fmt: skip
+        for run in sorted((r for r in runs if r.finished), key=lambda r: (r.get("method.name"), r.get("seed"))):
+            m = measures(run)
+            rows.append([label, run.get("method.name"), run.get("seed"), m["first"], m["share"], m["mixed"], m["dead"]])
+    return rows
+
+
+def regime(sink: list[Run], controls: list[Run], registered: list[Run], stem: Path) -> str:
+    """SERA minus MaxRL against the never-solved share at the first allocation, a point a pair; OLS slope [95%]."""
+    maxrl = by_seed(registered, "maxrl")
+    points = []
+    for run in [r for r in [*sink, *controls] if r.finished and r.get("method.name") == "sera"]:
+        name = "control" if run in controls else intervention_of(run)
+        against = by_seed([r for r in sink if intervention_of(r) == name], "maxrl").get(run.get("seed")) if (
+            name == "authors_optim") else maxrl.get(run.get("seed"))  # fmt: skip
+        d, first = paired(run, against), measures(run)["first"]
+        if d is not None and first is not None:
+            points.append((name, first, d))
+    if len(points) < 3:
+        return f"regime: {len(points)} pair(s) with a first-allocation share; no slope below 3"
+    from scipy.stats import t
+
+    x, y = np.array([p[1] for p in points]), np.array([p[2] for p in points])
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (slope * x + intercept)
+    se = np.sqrt(resid @ resid / (x.size - 2) / np.sum((x - x.mean()) ** 2))
+    half = t.ppf(0.975, x.size - 2) * se
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name in sorted({p[0] for p in points}):
+        ax.scatter([p[1] for p in points if p[0] == name], [p[2] for p in points if p[0] == name], label=name, s=18)
+    grid = np.linspace(x.min(), x.max(), 2)
+    ax.plot(grid, slope * grid + intercept, color="black", lw=1)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set(
+        xlabel="never-solved share at the first allocation",
+        ylabel="SERA minus MaxRL, Pass@32 at step 800 (pp)",
+        title=f"slope {slope:+.1f} pp per unit [{slope - half:+.1f}, {slope + half:+.1f}], {x.size} pairs",
+    )
+    ax.legend(fontsize=7)
+    save_figure(fig, stem)
+    return (
+        f"regime: slope {slope:+.2f} pp per unit share [{slope - half:+.2f}, {slope + half:+.2f}] over {x.size} pairs"
+    )
+
+
+FOOTPRINT = ["claim", "method", "seeds", "steps with no gradient (median a run)", "in total", "runs with one",
+             "first such step (median)", "mixed groups a step (median of run means)"]  # fmt: skip
+INTERVENTIONS = ["intervention", "seeds", "SERA minus MaxRL (pp) [seed 95% t]", "the authors' rule on those seeds",
+                 "intervention minus the authors' rule", "reading (exploratory)", "per seed (pp)"]  # fmt: skip
+MECHANISM = ["run", "method", "seed", "never solved at the first allocation", "share on never-solved (epoch 1 on)",
+             "mixed groups a step", "steps with no gradient"]  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("--out", type=Path, default=Path("paper_figures/out"))
+    parser.add_argument("--results", type=Path, default=Path("results/cpu"))
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    folder = "maze-cpu_pool"
+    registered = load_runs(args.runs / folder)
+    sink, controls = load_runs(args.runs / "sink" / folder), load_runs(args.runs / "e2" / folder)
+    out = args.out / "sink"
+    c6 = next(c for c in CLAIMS if c.name.startswith("C6"))
+    rows = footprint_rows(C5, registered) + footprint_rows(c6, load_runs(args.runs / f"{c6.study}-cpu"))
+    write_table(out / "footprint", FOOTPRINT, rows)
+    write_table(out / "interventions", INTERVENTIONS, intervention_rows(registered, sink))
+    write_table(out / "mechanism", MECHANISM, mechanism_rows(sink, controls), digits=3)
+    print(regime(sink, controls, registered, out / "regime"))
+    for stem in ("footprint", "interventions", "mechanism"):
+        print((out / f"{stem}.md").read_text())
+        print(guard.publish_table(stem, out, args.results / "sink", args.force))
+
+
+if __name__ == "__main__":
+    main()
