@@ -39,13 +39,14 @@ docs: install ## build the documentation site into site/ (mkdocs, strict; the co
 
 GPUS ?= 8
 GPU_GB ?= 80
-plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|maze SCALE=paper MODEL=... GPUS=8 GPU_GB=80; TRL=1 [SHARDED=1]: the TRL route the paper scales launch); exit 1 if it cannot fit
+plan: install ## per-GPU memory and time of a paper-scale LM config (STUDY=math|maze SCALE=paper MODEL=... GPUS=8 GPU_GB=80; TRL=1 [SHARDED=1]: the TRL route the paper scales launch, at the study's micro-batch); exit 1 if it cannot fit
 	$(PY) -m sera.plan $(if $(filter maze,$(STUDY)),maze scale=maze/$(SCALE),math scale=$(MATH_SCALE)) --gpus $(GPUS) --gpu-gb $(GPU_GB) \
-		$(if $(TRL),--trl --micro-rows $(MATH_TRL_MICRO_ROWS) $(if $(SHARDED),--sharded))
+		$(if $(TRL),--trl --micro-rows $(if $(filter maze,$(STUDY)),$(MAZE_TRL_MICRO_ROWS),$(MATH_TRL_MICRO_ROWS)) $(if $(SHARDED),--sharded))
 
-test-gpu: install ## GPU machines only: the LM paths on CUDA, TRL in bf16 and sharded, the classifier on two GPUs; with .venv-gpu also vLLM colocate
+test-gpu: install ## GPU machines only, after checking the driver suits torch's CUDA build and torch sees a GPU: the LM paths on CUDA, TRL in bf16 and sharded, the classifier on two GPUs; with .venv-gpu also vLLM colocate
+	$(PY) -m sera.driver --torch
 	$(PY) -m pytest -q tests/gpu
-	$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python -m pytest -q tests/gpu -k "vllm or mixed_precision")
+	$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python -m sera.driver --torch && $(GPU_VENV)/bin/python -m pytest -q tests/gpu -k "vllm or mixed_precision")
 
 test-faults: install ## fault injection: SIGKILL a real run at random moments FAULT_KILLS times, resume, compare
 	FAULT_KILLS=$${FAULT_KILLS:-40} $(PY) -m pytest -q tests/test_run_dirs.py -k random_kills
@@ -87,18 +88,23 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	touch $(VLLM_STAMP)
 
 # The CUDA environment (GPU machines): vLLM's CUDA build, its CUDA torch, TRL, accelerate and DeepSpeed, pinned in
-# constraints-gpu.txt. From PyPI itself (--isolated: a machine's pip configuration may point at a CPU wheel mirror);
-# the repo goes in without dependencies, as in .venv-vllm.
+# constraints-gpu.txt; the repo goes in without dependencies, as in .venv-vllm. The driver is checked first (the
+# pinned torch is a CUDA 13.0 build: sera/driver.py). Wheels come from where the user's pip configuration says (a
+# mirror, a proxy, a private index); GPU_PIP_INDEX= names one index instead, e.g. https://pypi.org/simple where the
+# configured one serves CPU wheels, which the check after the install reports.
 GPU_VENV := .venv-gpu
 GPU_PACKAGES := vllm trl accelerate deepspeed datasets hydra-core omegaconf scipy numba math-verify reasoning-gym tqdm \
 	pyyaml pytest
-GPU_PIP = --isolated --index-url https://pypi.org/simple -c constraints-gpu.txt $(GPU_PACKAGES)
+GPU_PIP_INDEX ?=
+GPU_PIP = $(if $(GPU_PIP_INDEX),--index-url $(GPU_PIP_INDEX)) -c constraints-gpu.txt $(GPU_PACKAGES)
 
-install-gpu: ## GPU machines: create .venv-gpu (CUDA torch, vLLM's CUDA build, TRL, DeepSpeed; constraints-gpu.txt)
+install-gpu: ## GPU machines: check the NVIDIA driver, then create .venv-gpu (CUDA torch, vLLM's CUDA build, TRL, DeepSpeed; constraints-gpu.txt) with the user's pip configuration (GPU_PIP_INDEX=: one index instead)
+	$(PYTHON) -m sera.driver
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/pip install -q --upgrade pip
 	$(GPU_VENV)/bin/pip install -q $(GPU_PIP)
 	$(GPU_VENV)/bin/pip install -q --no-deps -e .
+	$(GPU_VENV)/bin/python -m sera.driver --torch
 
 install-gpu-dry-run: ## resolve install-gpu's environment without installing it (a CPU machine will do; pip downloads the wheels, about 4 GB, to its cache)
 	rm -rf /tmp/sera-gpu-dry-run && $(PYTHON) -m venv /tmp/sera-gpu-dry-run
@@ -149,20 +155,28 @@ IMAGENET_SCALE = $(if $(filter command line environment,$(origin SCALE)),$(SCALE
 CLASSIFY_SEEDS ?= 0-7
 CLASSIFY_ABLATION_SEEDS ?= 0-2
 ALL_ACTIVE := alloc.threshold=0.0
-# SCALE=paper: ImageNet as an ImageFolder under DATA_ROOT (data.root), one run at a time unless JOBS= says otherwise
-# (the runs of one machine share its first GPU); where the data lives is no part of a run's identity
+# SCALE=paper: ImageNet as an ImageFolder under DATA_ROOT (data.root; where the data lives is no part of a run's
+# identity), one run a GPU on the node's GPUS_IMAGENET GPUs at once (sera.gpu_pool; JOBS and LAUNCHER do not apply):
+# each run is the single-process run, whose Table 2 row has every column (a torchrun run measures no gradient
+# cosines), and the grid's 5 runs a seed keep 5 GPUs busy
 DATA_ROOT ?=
-reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),$(if $(filter paper,$(SCALE)),1,2))
-reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper (DATA_ROOT=; SEEDS=69, the authors' seed)
+GPUS_IMAGENET ?= $(GPUS)
+IMAGENET_PAPER_RUNS := method=direct_ce method=maxrl:n0=16 method=maxrl:n0=128 method=sera:n0=16 method=sera:n0=128
+IMAGENET_ONE = $(call LEVEL,imagenet-paper) $(PY) -m experiments.imagenet.train run.if_finished=skip threads=1 $(RERUN) \
+	scale=imagenet/paper $(if $(DATA_ROOT),data.root=$(DATA_ROOT))
+reproduce-imagenet: JOBS = $(if $(filter command line environment,$(origin JOBS)),$(JOBS),2)
+reproduce-imagenet: install ## Table 2 grid (classification as a policy): gauss1000 (default; CLASSIFY_SEEDS=, JOBS=2: ~20 min on 2 cores), SCALE=cpu (digits1000; SEEDS=0,1,2) | paper (DATA_ROOT=; SEEDS=69, the authors' seed; one run a GPU, GPUS_IMAGENET=8 at once)
 ifeq ($(IMAGENET_SCALE),gauss1000)
 	$(IMAGENET) scale=imagenet/gauss1000 method=direct_ce seed=$(call seeds,$(CLASSIFY_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=maxrl,sera n0=16,128 seed=$(call seeds,$(CLASSIFY_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=sera_pilot n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
 	$(IMAGENET) scale=imagenet/gauss1000 method=sera $(ALL_ACTIVE) n0=16,128 seed=$(call seeds,$(CLASSIFY_ABLATION_SEEDS))
 	$(ARCHIVE) save --folder imagenet-gauss1000
+else ifeq ($(IMAGENET_SCALE),paper)
+	$(PY) -m sera.gpu_pool --gpus $(GPUS_IMAGENET) $(foreach s,$(subst $(comma), ,$(call seeds,$(SEEDS))),$(foreach r,$(IMAGENET_PAPER_RUNS),"$(IMAGENET_ONE) $(subst :, ,$(r)) seed=$(s)"))
 else
 	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=direct_ce seed=$(call seeds,$(SEEDS))
-	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=maxrl,$(if $(filter paper,$(SCALE)),sera,sera_pilot) n0=16,128 seed=$(call seeds,$(SEEDS))
+	$(IMAGENET) scale=imagenet/$(SCALE) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) method=maxrl,sera_pilot n0=16,128 seed=$(call seeds,$(SEEDS))
 endif
 ifeq ($(IMAGENET_SCALE),cpu)
 	$(ARCHIVE) save --folder imagenet-cpu

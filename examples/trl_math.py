@@ -36,12 +36,16 @@ from experiments.math.grading import score_batch
 from experiments.math.model import FROM_SCRATCH, build_from_scratch, build_tokenizer
 from experiments.math.prompts import TEMPLATES, render
 from sera.compat import activation_checkpointing
+from sera.distributed import PROCESS_GROUP_TIMEOUT_S
 from sera.trl import METHODS, SERAGRPOConfig, SERAGRPOTrainer
 
 # TRL settings both launch scripts give SERAGRPOConfig: the suite's loss on vLLM's samples, as its own loop computes
-# it (TRL's default multiplies each completion's loss by an importance-sampling factor), and the last checkpoint only
-# (TRL keeps every one by default)
-SUITE_TRL_SETTINGS = dict(vllm_importance_sampling_correction=False, save_total_limit=1)
+# it (TRL's default multiplies each completion's loss by an importance-sampling factor), the last checkpoint only
+# (TRL keeps every one by default), and the process group's timeout (TrainingArguments' default, 30 minutes, would
+# abort a run whose ranks drift further apart in the records' evaluation: sera.distributed.PROCESS_GROUP_TIMEOUT_S)
+SUITE_TRL_SETTINGS = dict(
+    vllm_importance_sampling_correction=False, save_total_limit=1, ddp_timeout=PROCESS_GROUP_TIMEOUT_S
+)
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -102,6 +106,8 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-name", default="heldout", help="the held-out set's name in the records' file names")
     p.add_argument("--eval-temperature", type=float, default=None, help="the records' sampling (default --temperature)")
     p.add_argument("--eval-top-p", type=float, default=1.0, help="the records' nucleus sampling (1: off)")
+    p.add_argument("--record-max-rollouts", type=int, default=1024, help="the records' rollouts a generation call "
+                   "(eval.max_rollouts_per_call; at 512 samples the default gives vLLM 2 questions)")  # fmt: skip
     p.add_argument(
         "--run-dir",
         default=None,
@@ -114,10 +120,11 @@ def arguments(argv=None) -> argparse.Namespace:
 
 
 def load(a, suite=None) -> tuple:
-    """(model or hub id or path, tokenizer or None, training problems, held-out problems). `suite`: a SuiteRun, whose
-    problems (the study's own, so records pair with the base run's by question id) and base model are used."""
+    """(model or hub id or path, tokenizer or None, training problems, {evaluation set: held-out problems}). `suite`:
+    a SuiteRun, whose problems (the study's own, every evaluation set of its config, so records pair with the base
+    run's by question id) and base model are used; without one, the one set --eval (or the family's pool) names."""
     if suite is not None:
-        problems, heldout = suite.problems, suite.heldout
+        problems, heldout = suite.problems, []
     elif a.train in FAMILIES:
         problems, heldout = make_splits(a.train, a.num_train, a.eval_problems if a.eval is None else 0, a.seed)
     else:
@@ -126,20 +133,21 @@ def load(a, suite=None) -> tuple:
         heldout = load_dataset_spec(a.eval)[: a.eval_problems]
     elif suite is None and a.eval_problems and a.train not in FAMILIES:
         raise ValueError("--eval-problems needs --eval (held-out problems) unless --train is a generated family")
+    evals = suite.evals if suite is not None else ({a.eval_name: heldout} if heldout else {})
     if a.model in FROM_SCRATCH:
         if suite is not None:  # RL starts from the study's SFT base model, saved in its folder
             from transformers import AutoModelForCausalLM
 
             model, tokenizer = AutoModelForCausalLM.from_pretrained(suite.folder.base), build_tokenizer()
-            return (str(suite.folder.base) if a.vllm != "none" else model), tokenizer, problems, heldout
+            return (str(suite.folder.base) if a.vllm != "none" else model), tokenizer, problems, evals
         model, tokenizer = build_from_scratch(a.model), build_tokenizer()
         if a.vllm != "none":  # vLLM loads the model by its path
             path = os.path.join(a.output_dir, "initial-model")
             model.save_pretrained(path)
             tokenizer.save_pretrained(path)
             model = path
-        return model, tokenizer, problems, heldout
-    return a.model, None, problems, heldout
+        return model, tokenizer, problems, evals
+    return a.model, None, problems, evals
 
 
 def compose(overrides: list[str], study: str = "math"):
@@ -202,7 +210,8 @@ def from_config(overrides: list[str], cfg=None) -> list[str]:
             "--save-every", str(cfg.run.checkpoint_every),
             "--loss-type", {"token-mean": "dapo", "seqnorm": "dr_grpo"}[cfg.method.aggregation],
             "--record-samples", str(loop.eval_samples), "--record-ks", ",".join(str(k) for k in loop.eval_ks),
-            "--eval-temperature", str(loop.eval_temperature), "--eval-top-p", str(loop.eval_top_p)]  # fmt: skip
+            "--eval-temperature", str(loop.eval_temperature), "--eval-top-p", str(loop.eval_top_p),
+            "--record-max-rollouts", str(loop.eval_max_rollouts_per_call)]  # fmt: skip
     if settings.sampler.unequal_counts:  # the allocation's settings as the study resolves them
         args += ["--estimator", settings.estimator, "--n-min", str(settings.n_min), "--n-max", str(settings.n_max)]
         if settings.estimator == "pilot":
@@ -213,9 +222,7 @@ def from_config(overrides: list[str], cfg=None) -> list[str]:
         args += ["--train", data.family, "--num-train", str(data.num_train), "--eval-problems", str(data.num_heldout)]
         args += ["--eval-name", family_set_name(data.family)]
     else:
-        (eval_name, *others) = list(data.eval)
-        if others:
-            print(f"evaluating the first evaluation set only ({eval_name}); TRL takes one held-out set")
+        eval_name = next(iter(data.eval))  # --run-dir evaluates every set of the config (SuiteRun); else this one
         args += ["--train", str(data.train), "--eval", str(data.eval[eval_name]), "--eval-name", str(eval_name)]
         args += ["--eval-problems", str(data.eval_limit or 500)]
     if cfg.get("engine") == "vllm":
@@ -268,12 +275,13 @@ def suite_folder(cfg, overrides: list[str], a: argparse.Namespace, study: str, r
 
 @dataclass
 class SuiteRun:
-    """A math study config run through TRL: its run folder, the study's method settings and its own problems."""
+    """A math study config run through TRL: its run folder, the study's method settings and its own problems: the
+    training set and every evaluation set of the config (the paper's tables need each)."""
 
     folder: SuiteFolder
     settings: object
     problems: list[dict]
-    heldout: list[dict]
+    evals: dict[str, list[dict]]
 
 
 def suite_run(overrides: list[str], a: argparse.Namespace, cfg) -> SuiteRun:
@@ -285,7 +293,7 @@ def suite_run(overrides: list[str], a: argparse.Namespace, cfg) -> SuiteRun:
     root = study_root(cfg, cfg.model.name)
     folder = suite_folder(cfg, overrides, a, "math", root, base_config, settings, weights=from_scratch(cfg))
     train, evals, _ = load_problems(cfg)
-    return SuiteRun(folder, settings, train, evals[a.eval_name])
+    return SuiteRun(folder, settings, train, evals)
 
 
 def split_arguments(argv: list[str] | None) -> tuple[list[str] | None, object, list[str] | None]:
@@ -318,9 +326,9 @@ def device_rows(step_rows: int, a: argparse.Namespace, cfg=None) -> tuple[int, i
     return processes, rows
 
 
-def records_callbacks(a: argparse.Namespace, suite: SuiteRun | None, tokenizer, problems, heldout, ends) -> list:
+def records_callbacks(a: argparse.Namespace, suite: SuiteRun | None, tokenizer, problems, evals, ends) -> list:
     """The callbacks of a run: its suite run folder (RunFolderCallback) with --run-dir, and the per-question records
-    of the held-out problems (RecordsCallback) with --records."""
+    of every held-out set in `evals` ({name: problems}) with --records."""
     callbacks, folder = [], None
     if suite is not None:
         from sera.trl import RunFolderCallback
@@ -328,19 +336,20 @@ def records_callbacks(a: argparse.Namespace, suite: SuiteRun | None, tokenizer, 
         folder = RunFolderCallback(suite.folder.path, suite.folder.config, suite.folder.base)
         callbacks.append(folder)
     if a.records:
-        if not heldout:
+        if not evals:
             raise ValueError("--records needs held-out problems: --eval-problems (and --eval for a registry set)")
         from experiments.math.task import MathTask
         from sera.trl import RecordsCallback
 
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ends[0]
-        task = MathTask(tokenizer, a.template, (problems, {a.eval_name: heldout}, []), a.prompts, a.seed, ends, pad)
+        task = MathTask(tokenizer, a.template, (problems, evals, []), a.prompts, a.seed, ends, pad)
         ks = [int(k) for k in a.record_ks.split(",")] if a.record_ks else [2**i for i in range(12)]
         ks = [k for k in ks if k <= a.record_samples]
         temperature = a.eval_temperature if a.eval_temperature is not None else a.temperature
         callbacks.append(RecordsCallback(a.records, task, every=a.eval_every, samples=a.record_samples, ks=ks,
                                          max_new_tokens=a.max_completion_length, temperature=temperature,
-                                         top_p=a.eval_top_p, seed=a.seed, folder=folder))  # fmt: skip
+                                         top_p=a.eval_top_p, seed=a.seed, max_rollouts_per_call=a.record_max_rollouts,
+                                         folder=folder))  # fmt: skip
     return callbacks
 
 
@@ -361,7 +370,9 @@ def main(argv=None) -> SERAGRPOTrainer:
         a.records, a.output_dir = str(suite.folder.path), suite.folder.output_dir
         a.resume = a.resume or suite.folder.resume
     a.output_dir = a.output_dir or os.path.join(tempfile.gettempdir(), "sera-trl-math")
-    model, tokenizer, problems, heldout = load(a, suite)
+    model, tokenizer, problems, evals = load(a, suite)
+    if suite is None and overrides is not None and len(cfg.data.get("eval") or {}) > 1:
+        print(f"evaluating {a.eval_name} only of the config's sets {list(cfg.data.eval)}: --run-dir evaluates each")
     if tokenizer is None:
         from transformers import AutoTokenizer
 
@@ -393,7 +404,7 @@ def main(argv=None) -> SERAGRPOTrainer:
 
     # TRL's own evaluation (mean reward of n0 samples, and a loss over the whole held-out batch at once, whose logits
     # alone would not fit at paper scale); a run written as the suite's evaluates by its records instead
-    trl_eval = heldout if suite is None else []
+    trl_eval = next(iter(evals.values()), []) if suite is None else []
     args = SERAGRPOConfig(
         output_dir=a.output_dir, method=a.method, estimator=a.estimator, pilot_m=a.pilot_m, num_generations=a.n0,
         n_min=a.n_min, n_max=a.n_max, active_threshold=a.active_threshold,
@@ -411,7 +422,7 @@ def main(argv=None) -> SERAGRPOTrainer:
     trainer = SERAGRPOTrainer(
         model=model, reward_funcs=math_verify, args=args, train_dataset=dataset(problems),
         eval_dataset=dataset(trl_eval) if trl_eval else None, processing_class=tokenizer,
-        callbacks=records_callbacks(a, suite, tokenizer, problems, heldout, ends),
+        callbacks=records_callbacks(a, suite, tokenizer, problems, evals, ends),
     )  # fmt: skip
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     return trainer

@@ -13,6 +13,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# How long a rank waits in a collective before torch aborts the job. Torch's default (30 minutes, 10 under NCCL) is
+# shorter than ranks can drift apart in an evaluation of the paper's Qwen models, where each rank samples its share
+# of the held-out questions (hours of generation at 512 samples a question) and then waits for the slowest in the
+# gather; a rank that truly hangs is reported after this long instead.
+PROCESS_GROUP_TIMEOUT_S = 24 * 3600
+RANK_SEED_STRIDE = 7919  # a prime; rank r's generators start at seed + 7919 r
+
+
+def rank_seed(seed: int) -> int:
+    """This rank's seed for a generator that every rank makes from `seed`: seed + 7919 rank, the seed itself on rank
+    0 and in one process, so the ranks sample different noise (distinct while the seeds given differ by < 7919)."""
+    return seed + RANK_SEED_STRIDE * world_info()[0]
+
 
 def world_info() -> tuple[int, int]:
     """(rank, world size); (0, 1) outside torch.distributed."""

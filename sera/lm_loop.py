@@ -39,6 +39,7 @@ from sera.distributed import (
     gather_grouped,
     is_sharded,
     load_full_state,
+    rank_seed,
     shard,
     shard_model,
     sum_over_ranks,
@@ -568,7 +569,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=ls.lr, weight_decay=ls.weight_decay, betas=ls.betas, eps=ls.eps
     )
-    generator = torch.Generator().manual_seed(ls.seed + 7919 * rank)  # rank 0 (and one process): the seed itself
+    generator = torch.Generator().manual_seed(rank_seed(ls.seed))  # rank 0 (and one process): the seed itself
     history, sink = make_history(ms, ls, task)
     seq_state = sequential_state(ms, task.num_prompts)  # DPS's predictor, SARA's prior: carried across steps
     skips = SkipGuard(ls.max_skipped_steps)
@@ -615,7 +616,7 @@ def train(ms: MethodSettings, ls: LoopSettings, task: Task, model, engine, run_d
             final = evaluate_into(run_dir, step + 1, ls, task, engine, generator)
             metrics.update(final | coverage(ls, history))
             if is_last and ls.log_coverage and task.num_prompts and hasattr(task, "train_pool_set"):  # own generator
-                pool = torch.Generator().manual_seed(ls.seed + 7919 * rank + TRAIN_POOL_SEED)
+                pool = torch.Generator().manual_seed(rank_seed(ls.seed + TRAIN_POOL_SEED))
                 metrics.update(evaluate_into(run_dir, step + 1, ls, TrainPool(task), engine, pool))
             bar.set_postfix({k.rsplit("/", 2)[-2] + "@1": f"{v:.3f}" for k, v in final.items() if k.endswith("pass@1")})
         checkpoint_due = (step + 1) % ls.checkpoint_every == 0 and not is_last

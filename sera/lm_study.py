@@ -29,6 +29,7 @@ from sera.config import (
     name_failures,
     vllm_options,
 )
+from sera.driver import NO_CUDA
 from sera.lm_loop import LoopSettings
 from sera.methods import MethodSettings, Study
 from sera.plan import check_fits
@@ -51,7 +52,7 @@ def validate_lm(cfg, study: Study) -> tuple[MethodSettings, LoopSettings]:
     if cfg.engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {cfg.engine!r}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
+        raise RuntimeError(NO_CUDA)
     return settings, loop
 
 

@@ -37,6 +37,13 @@ ARCHS = {  # the paper's models: SmolLM2-360M-Instruct, Qwen2.5-Math-1.5B, Qwen3
 # them), twice that in float32
 ACTIVATION_BYTES = {"bfloat16": 34, "float32": 68}
 ASSUMED_TFLOPS = 300.0  # sustained bf16 throughput a GPU is assumed to reach in training (an assumption, not measured)
+# the same in float32 without TF32 (CUDA cores, not tensor cores: an H100's fp32 peak is 67 TFLOP/s, its dense bf16
+# one 990), an assumption too; a float32 run is priced at it, about 7.5 times slower
+ASSUMED_FP32_TFLOPS = 40.0
+# TRL's fused LM head (trl.trainer.utils.add_fused_lm_head, which GRPOTrainer 1.16 adds): the log-probs come from
+# float32 tiles of (4096 tokens, 32768 vocabulary entries) of the logits, recomputed in backward, never the whole
+# (N, T, V) logits (trl/kernels/chunked_logprob.py: TOKEN_CHUNK_SIZE; trl/trainer/utils.py: _CHUNKED_LOGPROB_CHUNK_SIZE)
+TRL_HEAD_TILE = (4096, 32768)
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,13 @@ class Plan:
     vllm: float
     gpu_gb: float
     step_seconds: float
+    tflops: float = ASSUMED_TFLOPS  # the throughput step_seconds assumes (the model's training precision)
+    buckets: float = 0.0  # DistributedDataParallel's gradient buckets: a second float32 copy of the gradients
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.vllm
+        return (self.weights + self.gradients + self.buckets + self.optimizer + self.activations + self.logits
+                + self.vllm)  # fmt: skip
 
     @property
     def fits(self) -> bool:
@@ -62,18 +72,20 @@ class Plan:
 
     def rows(self) -> list[tuple[str, str]]:
         parts = [("weights (float32 master)", self.weights), ("gradients (float32)", self.gradients),
-                 ("AdamW state (2 x float32)", self.optimizer), ("activations (one micro-batch)", self.activations),
-                 ("logits (one micro-batch, with the loss's log-softmax)", self.logits),
+                 ("DDP gradient buckets (float32)", self.buckets), ("AdamW state (2 x float32)", self.optimizer),
+                 ("activations (one micro-batch)", self.activations),
+                 ("logits (a micro-batch's, or TRL's fused-head tile)", self.logits),
                  ("vLLM (its gpu_memory_utilization share)", self.vllm)]  # fmt: skip
         out = [(name, f"{gb:.1f} GB") for name, gb in parts]
         out += [("total", f"{self.total:.1f} GB of {self.gpu_gb:.0f} GB: {'fits' if self.fits else 'does NOT fit'}")]
-        out += [("compute a step (estimate)", f"{self.step_seconds:.0f} s at {ASSUMED_TFLOPS:.0f} TFLOP/s a GPU")]
+        out += [("compute a step (estimate)", f"{self.step_seconds:.0f} s at {self.tflops:.0f} TFLOP/s a GPU")]
         return out
 
 
 def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, response_tokens: int, gpus: int,
          gpu_gb: float, sharded: bool, autocast: str | None, vllm_share: float,
-         chunk: int | None = None, checkpointing: bool = False) -> Plan:  # fmt: skip
+         chunk: int | None = None, checkpointing: bool = False, fused_head: bool = False,
+         ddp_buckets: bool = False) -> Plan:  # fmt: skip
     """The per-GPU memory of one training rank and the compute of one step.
 
     rollouts: a step's rollouts (B n0); micro_batch: rollouts in one forward/backward (the step's whole share when
@@ -81,7 +93,11 @@ def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, res
     FSDP2 or ZeRO-3 (weights, gradients and optimizer state divided by the GPUs), else a full replica a GPU;
     autocast: "bfloat16" for mixed precision, None for float32; vllm_share: the fraction of the GPU vLLM reserves;
     chunk: train.logprob_chunk (None: the loss's log-softmax over the whole width at once); checkpointing:
-    activation checkpointing (each layer's input kept, one layer's activations recomputed at a time in backward).
+    activation checkpointing (each layer's input kept, one layer's activations recomputed at a time in backward);
+    fused_head: the log-probs from TRL's fused LM head (one float32 tile of TRL_HEAD_TILE, not the logits);
+    ddp_buckets: DistributedDataParallel's gradient buckets, a float32 copy of the gradients (more than one GPU).
+    The step's compute is priced at ASSUMED_TFLOPS a GPU under autocast, at ASSUMED_FP32_TFLOPS in float32 (its
+    generation too, which vLLM runs in the checkpoint's dtype: an upper bound there).
     """
     if gpus < 1 or rollouts < 1 or gpu_gb <= 0:
         raise ValueError(f"need gpus >= 1, rollouts >= 1 and gpu_gb > 0; got {gpus}, {rollouts}, {gpu_gb}")
@@ -100,17 +116,22 @@ def plan(arch: Arch, *, rollouts: int, micro_batch: int, prompt_tokens: int, res
     width = response_tokens if chunk is None else min(chunk, response_tokens)
     loss_copies = (4 if autocast else 0) + 4
     logits = micro * arch.vocab * (response_tokens * forward + width * loss_copies) / GB
+    if fused_head:
+        logits = min(micro * response_tokens, TRL_HEAD_TILE[0]) * min(arch.vocab, TRL_HEAD_TILE[1]) * 4 / GB
     trained = rollouts * (prompt_tokens + response_tokens)
     flops = 6 * arch.params * trained + 2 * arch.params * rollouts * response_tokens  # train, then generate
+    tflops = ASSUMED_TFLOPS if autocast else ASSUMED_FP32_TFLOPS
     return Plan(
         weights=arch.params * 4 * share / GB,
         gradients=arch.params * 4 * share / GB,
+        buckets=arch.params * 4 / GB if ddp_buckets and gpus > 1 and not sharded else 0.0,
         optimizer=arch.params * 8 * share / GB,
         activations=activations,
         logits=logits,
         vllm=vllm_share * gpu_gb,
         gpu_gb=gpu_gb,
-        step_seconds=flops / (gpus * ASSUMED_TFLOPS * 1e12),
+        step_seconds=flops / (gpus * tflops * 1e12),
+        tflops=tflops,
     )
 
 
@@ -147,11 +168,12 @@ TRL_VLLM_SHARE = 0.3  # GRPOConfig's vllm_gpu_memory_utilization, which the TRL 
 def plan_trl(cfg, gpus: int, gpu_gb: float, micro_rows: int, sharded: bool, prompt_tokens: int = 512) -> Plan | None:
     """The plan of a config run through SERA inside TRL (examples/trl_math.py, examples/trl_maze.py: what the paper
     scales launch): `micro_rows` rows a device micro-batch (--micro-rows), activation checkpointing (TRL's default
-    on GPUs), ZeRO-3 or FSDP2 when `sharded`, float32 weights with bf16 autocast when model.dtype=bfloat16, and
-    vLLM colocate's share (TRL's default 0.3) where the config generates with vLLM. None for a CPU model."""
+    on GPUs), TRL's fused LM head, ZeRO-3 or FSDP2 when `sharded` (else accelerate's DDP, with its gradient
+    buckets), float32 weights with bf16 autocast when model.dtype=bfloat16, and vLLM colocate's share (TRL's
+    default 0.3) where the config generates with vLLM. None for a CPU model."""
     vllm_share = TRL_VLLM_SHARE if cfg.get("engine") == "vllm" else 0.0
     return plan_of(cfg, gpus, gpu_gb, prompt_tokens, micro_batch=micro_rows, sharded=sharded, vllm_share=vllm_share,
-                   chunk=None, checkpointing=True)  # fmt: skip
+                   chunk=None, checkpointing=True, fused_head=True, ddp_buckets=True)  # fmt: skip
 
 
 def launched_sharded() -> bool:

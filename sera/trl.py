@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +46,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sera.advantages import ADVANTAGES
 from sera.allocation import scale_factor
 from sera.collect import advantages_and_weights, collect, collection_metrics
-from sera.distributed import gathered_state
+from sera.distributed import gathered_state, rank_seed
 from sera.estimation import P_HI, P_LO, BetaHistory, HistoricalEstimator
 from sera.methods import MethodSettings, Study
 from sera.sink import SinkMonitor
@@ -220,6 +221,8 @@ class SERAGRPOTrainer(GRPOTrainer):
             raise TypeError(f"SERAGRPOTrainer needs args=SERAGRPOConfig(...), got {type(config).__name__}")
         settings = config.sera_settings()
         check_supported(config, settings, given)
+        if note := vllm_seed_note(config):
+            warnings.warn(note, stacklevel=2)
         self.sera = settings
         self.last_step: SeraStep | None = None
         self._history, self._history_index, self._sink = None, None, None
@@ -557,7 +560,10 @@ class RecordsCallback(transformers.TrainerCallback):
             )
         from sera.lm_loop import evaluate
 
-        generator = torch.Generator().manual_seed(self.seed + step)
+        # each rank its own noise (the seed + step itself on rank 0 and in one process): with one seed on every rank,
+        # the j-th question of each rank would share its samples' seeds, coupling questions the bootstrap treats as
+        # independent
+        generator = torch.Generator().manual_seed(rank_seed(self.seed + step))
         with policy_engine(self.trainer, model, self.task) as engine:
             metrics, records = evaluate(self.settings, self.task, engine, generator)
             self.engines.append(type(engine).__name__)
@@ -707,6 +713,18 @@ def reload_colocated_weights(generation) -> None:
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=iter(weights.items()))
     generation.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
+
+
+def vllm_seed_note(config: GRPOConfig) -> str | None:
+    """What a colocated vLLM engine's sampling seed is under TRL 1.16 (None without one): TRL builds it with
+    seed=process index (trl/generation/vllm_generation.py, LLM(..., seed=accelerator.process_index // tensor
+    parallel size)), so the run's seed does not reach the training samples' noise. Whether vLLM then draws from that
+    seed alone or from torch's generator, which the trainer reseeds, only a GPU run can tell; a warning until then."""
+    if not (config.use_vllm and config.vllm_mode == "colocate"):
+        return None
+    return (f"TRL {trl.__version__} seeds each colocated vLLM engine with its process index, not seed={config.seed}: "
+            "runs that differ only in their seed may draw their training samples with the same noise (the data order "
+            "still follows the seed)")  # fmt: skip
 
 
 def check_supported(config: SERAGRPOConfig, settings: MethodSettings, given: dict) -> None:

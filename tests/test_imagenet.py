@@ -434,6 +434,24 @@ def test_two_process_run_equals_the_one_process_run(tmp_path):
     assert evals[0] == pytest.approx(evals[1], rel=1e-5) and evals[0][0] != evals[0][1]  # and the model trained
 
 
+@pytest.mark.slow
+def test_one_torchrun_launch_runs_a_sweep_data_parallel_and_skips_it_when_finished(tmp_path):
+    """The real entry point's --multirun sweep under one torchrun launch (two gloo processes here, GPUs in
+    docs/paper-scale.md), every run data parallel over both: one process group for all its runs (a group started
+    again in the same launch would wait forever); launched again, it skips the finished runs."""
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2"]
+    cmd = [*torchrun, "-m", "experiments.imagenet.train", "--multirun", "run.if_finished=skip", "threads=1",
+           "scale=imagenet/smoke", "device=cpu", "method=direct_ce,maxrl", f"run.root={tmp_path}"]  # fmt: skip
+    env = {**ENV, "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True, timeout=600)
+    runs = [tmp_path / "imagenet-smoke" / name for name in ("direct_ce_seed-0", "maxrl_n0-16_seed-0")]
+    assert all((run / "DONE").exists() for run in runs)
+    assert [r["step"] for r in read_jsonl(runs[1] / "metrics.jsonl")] == list(range(8))
+    again = subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True, text=True, timeout=600)
+    assert again.stdout.count("is finished with this config; skipping") == 4  # two runs, each on both ranks
+
+
 def test_the_authors_rule_gradient_averages_to_the_scaled_ce_gradient_with_prompts_left_out():
     """sera through the shipped rollout loss: the images its active set leaves out (a hopeless and a
     saturated one) get no rollouts and no gradient, the others their counts from active_waterline and weights
@@ -511,6 +529,22 @@ def test_the_warm_up_can_be_given_in_epochs_as_the_authors_recipe_does():
         train.validate(cfg_for("scale=imagenet/smoke", "optim.warmup_epochs=2"))  # smoke keeps warmup_steps=2
     paper = cfg_for("scale=imagenet/paper", "data.root=/nonexistent")
     assert (paper.optim.warmup_steps, paper.optim.warmup_epochs) == (0, 2)
+
+
+def test_the_paper_scale_decays_from_the_warm_ups_end_as_the_authors_do():
+    """The authors' ImageNet recipe: lr 0.1 t/W over a 2-epoch warm-up W, then 0.05 (1 + cos(pi (t - W)/(T - W)))
+    over 20 epochs T, Pass@K every 1000 steps. At ImageNet's 5004 steps an epoch (1,281,167 images, batches of 256):
+    W = 10008, T = 100080; mid-run (t = T/2) the cosine has gone (10 - 2)/(20 - 2) = 4/9 of its way, 80 degrees."""
+    paper = cfg_for("scale=imagenet/paper", "data.root=/nonexistent")
+    assert (paper.optim.schedule, paper.eval.every) == ("warmup_cosine", 1000)
+    w = train.warmup_steps(paper.optim, steps_per_epoch=5004)
+    steps = (0, 5004, 10008, 50040, 55044, 100079)
+    lrs = [train.lr_at(paper, t, 0, 20 * 5004, warmup=w) for t in steps]
+    cos80 = 0.17364817766693033
+    assert w == 10008 and lrs == pytest.approx([0.0, 0.05, 0.1, 0.05 * (1 + cos80), 0.05, 0.0], abs=1e-9)
+    smoke = cfg_for("scale=imagenet/smoke", "optim.schedule=cosine")  # the suite's cosine, from the phase's start
+    lrs = [train.lr_at(smoke, t, 0, 100, warmup=10) / smoke.optim.lr for t in (0, 25, 50)]
+    assert lrs == pytest.approx([0.1, 0.5 + 0.5 * 0.5**0.5, 0.5])
 
 
 @pytest.mark.slow

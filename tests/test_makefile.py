@@ -159,18 +159,24 @@ def test_reproduce_imagenet_runs_the_registered_classification_grid_two_at_a_tim
     assert digits == [("direct_ce", "0,1,2"), ("maxrl,sera_pilot", "0,1,2"), ("maxrl,sera_pilot", "0")]
 
 
-def test_the_imagenet_paper_grid_takes_its_data_root_and_runs_one_at_a_time():
-    """SCALE=paper: DATA_ROOT reaches every run as data.root, and the runs go one after another (JOBS=1 by default:
-    a machine's runs share its first GPU); JOBS= still overrides."""
-    lines = [line for line in dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/data/imagenet", "SEEDS=69")
-             if "experiments.imagenet.train" in line]  # fmt: skip
-    assert lines and all("data.root=/data/imagenet" in line and "joblib" not in line for line in lines)
-    assert trained(lines, "imagenet") == [("direct_ce", "69"), ("maxrl,sera", "69")]
-    parallel = dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d", "SEEDS=69", "JOBS=2")
-    assert any("hydra/launcher=joblib" in line for line in parallel)
+def test_the_imagenet_paper_grid_takes_its_data_root_and_runs_one_run_a_gpu():
+    """SCALE=paper: DATA_ROOT reaches every run as data.root, and the grid's runs go to sera.gpu_pool, one run a GPU
+    on GPUS_IMAGENET GPUs (8 by default) at once, each the single-process run (JOBS= does not apply)."""
+    (pool,) = [line for line in dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/data/imagenet", "SEEDS=69")
+               if "sera.gpu_pool" in line]  # fmt: skip
+    assert pool.startswith(f"{sys.executable} -m sera.gpu_pool --gpus 8 ")
+    runs = re.findall(r'"([^"]*experiments\.imagenet\.train[^"]*)"', pool)
+    assert len(runs) == 5 and all("data.root=/data/imagenet" in r and "scale=imagenet/paper" in r for r in runs)
+    assert all("--multirun" not in r and "torchrun" not in r and "joblib" not in r for r in runs)
+    chosen = [(re.search(r"method=(\S+)", r)[1], re.search(r"n0=(\S+)", r)[1] if "n0=" in r else "") for r in runs]
+    assert chosen == [("direct_ce", ""), ("maxrl", "16"), ("maxrl", "128"), ("sera", "16"), ("sera", "128")]
+    lines = [line for line in dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d", "SEEDS=1-2", "JOBS=2",
+                                      "GPUS_IMAGENET=4") if "sera.gpu_pool" in line]  # fmt: skip
+    assert len(lines) == 1 and "--gpus 4 " in lines[0] and "joblib" not in lines[0]
+    assert lines[0].count('seed=1"') == lines[0].count('seed=2"') == 5
     # without SEEDS=, the paper scale runs the authors' one seed and the CPU scale seeds 0-2
-    default = dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d")
-    assert trained(default, "imagenet") == trained(lines, "imagenet")
+    default = " ".join(dry_run("reproduce-imagenet", "SCALE=paper", "DATA_ROOT=/d"))
+    assert default.count('seed=69"') == 5 and "seed=0" not in default
     assert trained(dry_run("ablate-pilot", "SCALE=paper"), "imagenet")[0][1] == "69"
     maze = trained(dry_run("ablate", "STUDY=maze", "SCALE=paper", "SETTING=optim.lr", "VALUES=1e-4"), "maze")
     assert maze and all(seed == "0,1,2" for _, seed in maze)  # 69 is the classifier's seed only
@@ -247,9 +253,17 @@ def test_qwen3_at_paper_scale_launches_with_the_shipped_zero3_config_which_accel
     assert ddp.distributed_type == "MULTI_GPU" and ddp.mixed_precision == "no"
 
 
+@pytest.mark.parametrize("study, rows", [("maze", "512"), ("math", "4")])
+def test_the_trl_plan_takes_the_studys_own_micro_batch(study, rows):
+    """make plan TRL=1 plans the micro-batch the study's TRL launch uses (MAZE_TRL_MICRO_ROWS, MATH_TRL_MICRO_ROWS)."""
+    line = " ".join(dry_run("plan", f"STUDY={study}", "SCALE=paper", "TRL=1"))  # the recipe spans two lines
+    assert f"-m sera.plan {study} " in line and f"--trl --micro-rows {rows} " in f"{line} "
+
+
 @pytest.mark.parametrize(
     "target, variables, study",
     [("reproduce-imagenet", (), "imagenet"), ("reproduce-imagenet", ("SCALE=cpu",), "imagenet"),
+     ("reproduce-imagenet", ("SCALE=paper",), "imagenet"),
      ("reproduce-maze", ("BASELINES=",), "maze"), ("reproduce-math", ("BASELINES=",), "math"),
      ("reproduce-sara", ("SARA_STUDIES=imagenet,math",), "math"), ("reproduce-retrained", (), "maze"),
      ("ablate", ("STUDY=imagenet", "SETTING=n0", "VALUES=16,32", "SCALE=smoke"), "imagenet")],

@@ -94,8 +94,36 @@ def test_the_trl_route_plan_and_its_refusal_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80e9})())
-    with pytest.raises(ValueError, match="this TRL launch needs about 118 GB a GPU and the GPU has 80 GB"):
+    with pytest.raises(ValueError, match="this TRL launch needs about 110 GB a GPU and the GPU has 80 GB"):
         planner.check_trl_fits(qwen3, 8, 4)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     planner.check_trl_fits(qwen3, 8, 4)  # no refusal
+
+
+@pytest.mark.parametrize("scale", ["paper", "paper_qwen25math", "paper_qwen3"])
+def test_the_paper_configs_train_in_bf16_over_float32_weights_and_are_priced_so(scale):
+    """As the authors train: bf16 autocast over float32 master weights (TRL's --bf16 on a float32 model), priced at
+    the bf16 throughput; the same config in float32 is priced at the float32 one, 300 / 40 = 7.5 times the hours."""
+    from examples.trl_math import from_config
+
+    cfg = config("math", f"scale=math/{scale}")
+    assert cfg.model.dtype == "bfloat16" and "--bf16" in from_config([f"scale=math/{scale}", "method=sera"], cfg)
+    bf16 = planner.plan_trl(cfg, 8, 80, 4, sharded=True)
+    fp32 = planner.plan_trl(config("math", f"scale=math/{scale}", "model.dtype=float32"), 8, 80, 4, sharded=True)
+    assert bf16.weights == fp32.weights == pytest.approx(planner.ARCHS[cfg.model.name].params * 4 / 8 / 1e9)
+    assert (bf16.tflops, fp32.tflops) == (300.0, 40.0)
+    assert fp32.step_seconds == pytest.approx(7.5 * bf16.step_seconds)
+
+
+def test_the_trl_route_counts_the_fused_heads_tile_and_ddps_gradient_buckets():
+    """TRL 1.16 scores completions through its fused LM head: one float32 tile of 4096 tokens x 32768 vocabulary
+    entries at a time, never a micro-batch's logits; under data parallelism (accelerate's DDP) the gradients have a
+    second float32 copy in DDP's buckets, which ZeRO-3 and FSDP2 do not keep."""
+    cfg = config("math", "scale=math/paper_qwen25math")
+    dp, sharded = (planner.plan_trl(cfg, 8, 80, 4, sharded=s) for s in (False, True))
+    assert dp.logits == sharded.logits == pytest.approx(4096 * 32768 * 4 / 1e9)
+    assert dp.buckets == pytest.approx(1.54e9 * 4 / 1e9) and sharded.buckets == 0.0
+    assert planner.plan_trl(cfg, 1, 80, 4, sharded=False).buckets == 0.0  # one process: no DDP
+    suite = planner.plan_of(cfg, gpus=8, gpu_gb=80)  # the suite's loop sums gradients itself and keeps the logits
+    assert suite.buckets == 0.0 and suite.logits == pytest.approx(64 * 151936 * 3000 * (2 + 4 + 4) / 1e9)

@@ -18,7 +18,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sera.advantages import maxrl
 from sera.allocation import waterline
 from sera.trl import HISTORY_FILE, SERAGRPOConfig, SERAGRPOTrainer
-from tests import trl_toy
+from tests import records_ddp_toy, trl_toy
 from tests.trl_toy import check_step
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
@@ -97,6 +97,32 @@ def test_two_processes(tmp_path):
     for r in json.loads(out.read_text()):
         assert r["world"] == 2
         check_step(r)
+
+
+@pytest.mark.slow
+def test_two_processes_evaluate_with_noise_of_their_own_and_a_day_to_wait(tmp_path):
+    """torchrun, two CPU processes: the launch scripts' process group waits a day in a collective (TrainingArguments'
+    default, 30 minutes, would abort a run whose ranks drift further apart in an evaluation), and each rank samples
+    its questions with noise of its own: rank 0 draws what one process seeded with seed + step draws, rank 1 other
+    numbers (with one seed on both, the j-th question of each rank would share its samples' noise)."""
+    out = tmp_path / "records.json"
+    done = subprocess.run([*TORCHRUN, "-m", "tests.records_ddp_toy", str(out)], env=ENV, cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, f"torchrun failed:\n{done.stderr[-6000:]}"
+    records_ddp_toy.check(json.loads(out.read_text()))
+
+
+def test_a_colocated_vllm_engine_is_warned_about_its_seed(tmp_path):
+    """TRL 1.16 seeds a colocated vLLM engine with the process index: the note names it and the run's seed; no vLLM,
+    or vLLM's server mode, no note."""
+    from sera.trl import vllm_seed_note
+
+    def config(**kwargs):
+        return SERAGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], seed=7, **kwargs)
+
+    note = vllm_seed_note(config(use_vllm=True, vllm_mode="colocate"))
+    assert "with its process index, not seed=7" in note and trl.__version__ in note
+    assert vllm_seed_note(config()) is None and vllm_seed_note(config(use_vllm=True, vllm_mode="server")) is None
 
 
 def test_history_estimator_across_steps_and_resume(tmp_path):
@@ -456,6 +482,26 @@ def test_launch_script_takes_a_study_config(tmp_path):
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (16, 3)
     with pytest.raises(ValueError, match="48 rows a step do not split into micro-batches of 10 over 1 processes"):
         main(["--from-config", "scale=math/smoke", "method=maxrl", "--cpu", "--micro-rows", "10"])
+
+
+def test_the_run_folder_route_evaluates_every_set_of_the_config(tmp_path, monkeypatch):
+    """Tables 6 and 7 need BeyondAIME, AIME 2025, MATH-500 and OlympiadBench: a TRL run of the Qwen2.5-Math config
+    written as the suite's run folder (--run-dir, what make reproduce-math SCALE=paper launches) records each of them,
+    not the first alone, and generates the records' rollouts in calls as large as the config's."""
+    import examples.trl_math as script
+    from experiments.math.data import REGISTRY, local_path, write_jsonl
+
+    sets = ["beyondaime", "aime2025", "math500", "olympiadbench"]
+    for slug, count in [("simplerl-math35", 256), *[(name, 3) for name in sets]]:
+        problems = [{"id": f"{slug}-{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(count)]
+        write_jsonl(problems, local_path(slug, REGISTRY[slug].split, tmp_path))
+    overrides = ["scale=math/paper_qwen25math", "method=sera", f"data.dir={tmp_path}", f"run.root={tmp_path}"]
+    cfg = script.compose(overrides)
+    a = script.arguments([*script.from_config(overrides, cfg), "--run-dir", "auto"])
+    assert a.record_max_rollouts == cfg.eval.max_rollouts_per_call == 65536
+    monkeypatch.setattr(script, "suite_folder", lambda *args, **kwargs: None)  # no base run needed to read the sets
+    _, _, train, evals = script.load(a, script.suite_run(overrides, a, cfg))
+    assert list(evals) == sets and [len(v) for v in evals.values()] == [3, 3, 3, 3] and len(train) == 256
 
 
 @pytest.mark.slow

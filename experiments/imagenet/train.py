@@ -13,6 +13,8 @@ The grid of the paper's Table 2 is `make reproduce-imagenet`; the pilot-size abl
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import math
 import os
 import sys
@@ -53,7 +55,8 @@ from sera import identity
 from sera.allocation import scale_factor
 from sera.collect import generation_metrics, sequential_state
 from sera.config import check_group_choices, check_optim, check_run_settings, name_failures
-from sera.distributed import all_gather, unwrapped, world_info
+from sera.distributed import PROCESS_GROUP_TIMEOUT_S, all_gather, unwrapped, world_info
+from sera.driver import NO_CUDA
 from sera.estimation import HistoricalEstimator
 from sera.methods import MethodSettings
 from sera.runlog import (
@@ -99,8 +102,8 @@ def validate(cfg) -> MethodSettings:
         raise ValueError(f"unknown data.name {cfg.data.name!r}; choose digits1000, gauss1000 or imagenet")
     if cfg.model.get("zero_head", False) and cfg.model.name != "mlp":
         raise ValueError("model.zero_head is for the MLP (the ResNet-50 keeps torchvision's initialisation)")
-    if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine"):
-        raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine")
+    if cfg.optim.name not in ("adam", "sgd") or cfg.optim.schedule not in ("constant", "cosine", "warmup_cosine"):
+        raise ValueError("optim.name must be adam|sgd and optim.schedule constant|cosine|warmup_cosine")
     check_optim(cfg.optim)
     epochs = cfg.optim.get("warmup_epochs")
     if epochs is not None and (not isinstance(epochs, int | float) or epochs < 0 or cfg.optim.warmup_steps):
@@ -149,12 +152,23 @@ def warmup_steps(optim, steps_per_epoch: int) -> int:
 
 
 def lr_at(cfg, step: int, phase_start: int, phase_end: int, warmup: int | None = None) -> float:
-    """Linear warmup (`warmup` steps; None: optim.warmup_steps) from the phase's start, then constant or cosine decay
-    to the phase's end."""
-    t = step - phase_start
-    factor = min(1.0, (t + 1) / max(1, cfg.optim.warmup_steps if warmup is None else warmup))
+    """The learning rate of `step` in the phase [phase_start, phase_end), t = step - phase_start, W = the warm-up
+    (`warmup` steps; None: optim.warmup_steps), T = the phase's length, by optim.schedule:
+    constant: lr min(1, (t+1)/W); cosine: that times 0.5 (1 + cos(pi t/T)), a decay from the phase's start;
+    warmup_cosine (the authors' ImageNet recipe): lr t/W for t < W, then 0.5 lr (1 + cos(pi (t-W)/(T-W))), a
+    decay that starts where the warm-up ends."""
+    t, length = step - phase_start, max(1, phase_end - phase_start)
+    w = cfg.optim.warmup_steps if warmup is None else warmup
+    if cfg.optim.schedule == "warmup_cosine":
+        # the authors' lr_lambda (ChenZihao0121/SERA,
+        # verl/cifar10_experiments/sampling_based_rl_objective_experiments.py): a LambdaLR whose step counts optimizer
+        # steps from 0; the 1e-6 it adds to T - W is left out
+        if t < w:
+            return cfg.optim.lr * t / w
+        return cfg.optim.lr * 0.5 * (1 + math.cos(math.pi * (t - w) / max(1, length - w)))
+    factor = min(1.0, (t + 1) / max(1, w))
     if cfg.optim.schedule == "cosine":
-        factor *= 0.5 * (1 + math.cos(math.pi * t / max(1, phase_end - phase_start)))
+        factor *= 0.5 * (1 + math.cos(math.pi * t / length))
     return cfg.optim.lr * factor
 
 
@@ -175,9 +189,13 @@ def setup_distributed(cfg):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or auto)")
-    if world > 1:
-        torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+        raise RuntimeError(NO_CUDA)
+    # one process group a launch, kept for every run of a --multirun sweep and ended at exit: a group started again in
+    # the same launch waits forever in torchrun's rendezvous
+    if world > 1 and not torch.distributed.is_initialized():
+        timeout = datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)  # ranks > 0 wait while rank 0 evaluates
+        torch.distributed.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
+        atexit.register(torch.distributed.destroy_process_group)
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
@@ -427,8 +445,6 @@ def train(cfg, settings: MethodSettings, rank: int, world: int, device, threads:
     if run_dir is not None:
         np.save(run_dir.path / VAL_P_FILE, p_val)
         run_dir.finish({"step": total_steps, **final})
-    if world > 1:
-        torch.distributed.destroy_process_group()
     return final
 
 

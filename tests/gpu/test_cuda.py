@@ -218,3 +218,42 @@ def test_the_classifier_over_two_gpus(tmp_path, method):
     records = read_jsonl(run / "metrics.jsonl")
     assert (run / "DONE").exists() and sum("eval/pass@1" in r for r in records) == 2
     assert all(r["alloc/budget"] == 16 * 16 for r in records if "alloc/budget" in r)  # B = 16: the whole step's
+
+
+def test_the_imagenet_paper_sweep_is_data_parallel_over_the_gpus(tmp_path):
+    """A sweep under one torchrun launch (NCCL), as docs/paper-scale.md shows for one run on several GPUs: two runs,
+    each over both GPUs, finish on one process group; launched again, both are skipped."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
+    cmd = [*torchrun, "-m", "experiments.imagenet.train", "--multirun", "run.if_finished=skip", "threads=1",
+           "scale=imagenet/smoke", "device=cuda", "method=direct_ce,sera", "n0=16", f"run.root={tmp_path}"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    for _ in range(2):
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-6000:]
+    assert done.stdout.count("skipping (run.if_finished=skip)") == 4
+    assert len(list((tmp_path / "imagenet-smoke").glob("*/DONE"))) == 2
+
+
+def test_the_trl_records_over_two_gpus_wait_a_day_and_sample_their_own_noise(tmp_path):
+    """The TRL route's process group as the launch scripts set it up, under NCCL: a 24-hour timeout, each rank's
+    questions sampled with its own noise (tests/records_ddp_toy.py, as over gloo in tests/test_trl.py)."""
+    import json
+
+    from tests import records_ddp_toy
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=2"]
+    out = tmp_path / "records.json"
+    done = subprocess.run([*torchrun, "-m", "tests.records_ddp_toy", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    records_ddp_toy.check(json.loads(out.read_text()))
+
+
+def test_the_driver_suits_torchs_cuda_build():
+    """sera.driver --torch, which make test-gpu runs first: the NVIDIA driver runs this torch's CUDA build."""
+    done = subprocess.run([sys.executable, "-m", "sera.driver", "--torch"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
