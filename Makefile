@@ -252,7 +252,7 @@ SINK_DIR = $(if $(filter control,$(INTERVENTION)),e2,sink)
 SINK_METHODS = $(if $(filter authors_optim,$(INTERVENTION)),maxrl$(comma))sera
 sink: SCALE = cpu_pool
 sink: RERUN =
-sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim SINK_SEEDS=17-22 JOBS= (a base model and a run: about 1 h on one busy core)
+sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim|cap SINK_SEEDS=17-22 JOBS= (a base model and a run: about 1 h on one busy core)
 	@test "$(INTERVENTION)" = control -o -f "configs/sink/$(INTERVENTION).yaml" || { echo "make sink needs INTERVENTION=control or one of: $$(ls configs/sink | sed 's/\.yaml$$//' | paste -sd' ')"; exit 2; }
 	$(ARCHIVE) restore --folder $(SINK_DIR)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR),$(call seeds,$(SINK_SEEDS)))
