@@ -21,10 +21,11 @@ from sera.estimation import BetaHistory
 BINS = (0.0, 0.05, 0.2, 0.4, 0.6, 0.8, 1.0)
 WARN_SHARE = 0.5  # the guard: more than this share of an epoch's rollouts on never-solved prompts
 REMEDIES = (
-    "on the maze pool (claim C5) the authors' rule spent 74-86% of its rollouts on prompts it had never seen solved "
+    "on the maze pool (claim C5) the authors' rule, spending its budget on such prompts, starved the learnable ones "
     "and ended far below MaxRL; remedies under test (results/cpu/PLAN_SINK.md, docs/troubleshooting.md 'When SERA "
-    "hurts'): alloc.never_solved=leave_out (never-solved prompts get no rollouts), alloc.n_min=4 (a floor for the "
-    "others), alloc.uniform_epochs=3 (more uniform epochs before the history is read), or a stronger base model"
+    "hurts'): alloc.never_solved=leave_out (never-solved prompts get no rollouts) or =cap (at most n0 each), "
+    "alloc.n_min=4 (a floor for the others), alloc.uniform_epochs=3 (more uniform epochs before the history is "
+    "read), or a stronger base model"
 )
 
 
