@@ -1,21 +1,26 @@
 """Every committed file under results/cpu/ is what the table builders make from the archive (results/runs/) as it is
-checked out: `make tables FORCE=1` on a clean checkout, plus the tables of earlier scales and ablations that other
-commands publish (OTHER_BUILDS), would leave results/ as it is. No runs are trained: the archive is restored into a
-temporary runs folder and the real builders read it. The test names each committed file that differs from the build,
-each committed file that no builder writes and the exclusions do not explain, and each built table that is not
-committed. A new archived run therefore needs its tables rebuilt in the same commit (`make tables FORCE=<table>`).
+checked out: `make tables FORCE=1` on a clean checkout (the commands make's dry run prints, run here in one process),
+plus the tables of earlier scales and ablations that other commands publish (OTHER_BUILDS), would leave results/ as
+it is. No runs are trained: the archive is restored into a temporary runs folder and the real builders read it. The
+test names each committed file that differs from the build, each committed file that no builder writes and the
+exclusions do not explain, and each built table that is not committed. A new archived run therefore needs its tables
+rebuilt in the same commit (`make tables FORCE=<table>`), and so does a change to a builder.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
+import shlex
 import shutil
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from paper_figures import ablate, archive, claims, imagenet, maze, prereg, render, report, sara
+from paper_figures import ablate, maze, render, report
 from paper_figures import math as math_tables
 from paper_figures.runs import load_run, read_once
 from sera.runlog import CONFIG_FILE, METRICS_FILE
@@ -24,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "cpu"
 ARCHIVE = ROOT / "results" / "runs"
 TABLE_FILES = (".md", ".csv")
+PY = "python"  # the interpreter make's dry run names; the commands run in this process
 
 # Committed files under results/cpu/ that no table command writes (glob patterns relative to it), and why
 NOT_BUILT = {
@@ -60,29 +66,59 @@ def excluded(name: str) -> bool:
     return any(Path(name).match(pattern) for pattern in NOT_BUILT)
 
 
+def make_tables_recipe(cwd: Path) -> list[tuple[str, list[str]]]:
+    """The commands `make tables SCALE=cpu FORCE=1` runs in `cwd`, as (module, arguments): read from make's dry run,
+    so that this test runs what the Makefile runs (the environment's stamp taken as made)."""
+    done = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-n",
+            "-C",
+            str(cwd),
+            "-f",
+            str(ROOT / "Makefile"),
+            "-o",
+            ".venv/.installed-stamp",
+        ]
+        + ["tables", "SCALE=cpu", "FORCE=1", f"PY={PY}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    words = [shlex.split(line) for line in done.stdout.splitlines()]
+    recipe = [(w[2], w[3:]) for w in words if w[:2] == [PY, "-m"] and w[2].startswith("paper_figures.")]
+    assert [m for m, _ in recipe[:2]] == ["paper_figures.archive", "paper_figures.report"], done.stdout
+    return recipe
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> tuple[Path, set[str], Path, Path]:
-    """The archive restored into a temporary runs folder and every table built from it, as `make tables FORCE=1`
-    does, into a copy of results/cpu/. Returns (that copy, the names the builders wrote, the build's out/ folder, the
-    other builds' folder)."""
+    """A clean checkout's `make tables FORCE=1`, in a temporary folder with a copy of results/cpu/ and the archive
+    (read only): the archive restored into its runs/ and every table built from it. Returns (the copy of results/cpu/
+    after the build, the names the table commands wrote there, the build's paper_figures/out/, the other builds'
+    folder)."""
     tmp = tmp_path_factory.mktemp("tables")
-    shutil.copytree(RESULTS, tmp / "results")
+    shutil.copytree(RESULTS, tmp / "results" / "cpu")
+    (tmp / "results" / "runs").symlink_to(ARCHIVE, target_is_directory=True)
+    recipe = make_tables_recipe(tmp)
+    modules = [importlib.import_module(name) for name, _ in recipe]
     # every builder reads each restored run once, and draws no figure (only the tables are compared; drawing the
-    # figures is two fifths of the build's time); the paths are make's, relative (REPORT.md names its runs folders)
+    # figures is two fifths of the build's time); make's paths are relative (REPORT.md names its runs folders)
     with redirect_stdout(io.StringIO()), read_once(), pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp)
-        for module in (render, imagenet, sara, ablate):
-            patch.setattr(module, "save_figure", lambda fig, stem: render.pyplot().close(fig))
-        assert archive.main(["restore", "--runs", "runs", "--archive", str(ARCHIVE)]) == 0
-        # the Makefile's `tables` recipe at SCALE=cpu with FORCE=1
-        report.main(["--scale", "cpu", "--runs", "runs", "--out", "out", "--results", "results", "--force"])
-        prereg.main(["--runs", "runs", "--out", "out", "--results", "results", "--force"])
-        claims.main(["--results", "results"])
+        for module in [m for name, m in sys.modules.items() if name.startswith("paper_figures.")]:
+            if hasattr(module, "save_figure"):
+                patch.setattr(module, "save_figure", lambda fig, stem: render.pyplot().close(fig))
+            if hasattr(module, "OUT"):  # a command's default output folder is this checkout's, not the repository's
+                patch.setattr(module, "OUT", tmp / "paper_figures" / "out")
+        for module, (name, argv) in zip(modules, recipe, strict=True):
+            assert module.main(argv) in (None, 0), f"{name} {argv}"
         for make in OTHER_BUILDS.values():
             make(Path("runs"), Path("other"))
-    results, out, other = tmp / "results", tmp / "out", tmp / "other"
+    out = tmp / "paper_figures" / "out"
     written = table_files(out) | {"claims.md", "claims.csv"}
-    return results, written, out, other
+    return tmp / "results" / "cpu", written, out, tmp / "other"
 
 
 def test_every_committed_result_is_what_the_archive_builds(build):
