@@ -24,7 +24,7 @@ import numpy as np
 
 from paper_figures import guard
 from paper_figures.render import write_table
-from paper_figures.runs import Run, load_runs
+from paper_figures.runs import Run, load_runs, read_once
 from sera.passk import pass_at_k
 from sera.runlog import BASE_FILE, DONE_FILE, base_identity, eval_record_file
 from sera.stats import seed_t_interval, seeds_for_power
@@ -307,7 +307,8 @@ def main(argv=None) -> None:
     parser.add_argument("--scale", default="cpu")
     parser.add_argument("--force", action="store_true", help="write over the committed table even if poorer")
     args = parser.parse_args(argv)
-    header, rows = prereg_table(args.runs, args.scale)
+    with read_once():  # the claims share their runs: each run directory is read once
+        header, rows = prereg_table(args.runs, args.scale)
     md = write_table(args.out / "preregistered", header, rows)
     print(md)
     print(guard.publish_table("preregistered", args.out, args.results, args.force))

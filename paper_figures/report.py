@@ -27,7 +27,7 @@ from pathlib import Path
 from paper_figures import guard, imagenet, maze, sara
 from paper_figures import math as math_tables
 from paper_figures.numerics import describe, run_fingerprints
-from paper_figures.runs import load_runs
+from paper_figures.runs import load_runs, read_once
 
 OUT = Path(__file__).parent / "out"
 REPORT = "REPORT.md"
@@ -285,7 +285,8 @@ def main(argv=None) -> None:
         force = forced_names(args.force, jobs)
     except ValueError as err:
         parser.error(str(err))
-    tables = build_tables(jobs, args.runs, args.out)
+    with read_once():  # the tables share their runs: each run directory is read once
+        tables = build_tables(jobs, args.runs, args.out)
     write_report([t.section for t in tables], args.out / REPORT)
     print(f"wrote {args.out / REPORT}")
     if args.results is not None:

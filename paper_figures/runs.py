@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from sera.runlog import CONFIG_FILE, DONE_FILE, EVAL_RECORD, METRICS_FILE, SET_A
 # Config keys that do not change what a run measures (so runs differing only in these may share a row).
 CORRUPT_FINAL = "corrupt final record"
 UNFINISHED = "unfinished"
+# libyaml's parser where PyYAML has it (the same documents, about ten times faster than the pure-Python one)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_loaded: dict[Path, tuple[tuple, Run]] | None = None  # load_run's runs while read_once() is open
 
 
 @dataclass
@@ -131,8 +136,39 @@ def read_eval_records(path: Path) -> tuple[dict[str, dict], list[str]]:
     return records, problems
 
 
+@contextmanager
+def read_once() -> Iterator[None]:
+    """Within this block load_run reads a run directory once and hands out the same Run again while the directory's
+    files stay as they were (names, sizes, modification times): a table command builds many tables from the same
+    runs (make tables read each run about four times). Callers never change a Run. Nested blocks share the outer
+    one's runs; leaving the outermost lets them go."""
+    global _loaded
+    outer = _loaded
+    _loaded = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _loaded = outer
+
+
+def file_states(path: Path) -> tuple:
+    """(name, size, modification time) of each file in a run directory, sorted."""
+    return tuple(sorted((f.name, s.st_size, s.st_mtime_ns) for f in path.iterdir() if f.is_file() for s in [f.stat()]))
+
+
 def load_run(path: Path) -> Run:
-    config = current_names(yaml.safe_load((path / CONFIG_FILE).read_text()) or {})  # today's method names
+    if _loaded is None:
+        return read_run(path)
+    states = file_states(path)
+    if (kept := _loaded.get(path)) is not None and kept[0] == states:
+        return kept[1]
+    run = read_run(path)
+    _loaded[path] = (states, run)
+    return run
+
+
+def read_run(path: Path) -> Run:
+    config = current_names(yaml.load((path / CONFIG_FILE).read_text(), Loader=YAML_LOADER) or {})  # today's names
     finished = (path / DONE_FILE).exists()
     metrics = path / METRICS_FILE
     records, problems, last_corrupt = (

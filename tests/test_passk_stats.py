@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sera.passk import pass_at_k
-from sera.stats import paired_bootstrap_ci, seed_t_interval
+from sera.stats import paired_bootstrap_ci, resample_counts, seed_t_interval
 
 
 def test_pass_at_k_matches_subset_enumeration():
@@ -154,3 +154,9 @@ def test_power_is_finite_far_in_the_tail():
 
     assert paired_t_power(7.36, 1.04, 8) == pytest.approx(1.0)
     assert paired_t_power(-7.36, 1.04, 8) == pytest.approx(1.0)
+
+
+def test_bootstrap_resamples_are_drawn_once_read_only_and_the_same_counts():
+    counts = resample_counts(50, 200, 3)
+    assert resample_counts(50, 200, 3) is counts and not counts.flags.writeable
+    assert np.array_equal(counts, np.random.default_rng(3).multinomial(50, np.full(50, 1 / 50), size=200))

@@ -422,13 +422,11 @@ def test_swapped_table_cells_are_caught():
 def test_swapped_rows_are_caught():
     """The two SERA rows of Table 1 (math, the previous default's) exchange their numbers (each keeps its
     normalization label)."""
-    token, seq = row_of("| SERA (token-mean) | 5 | 20.28 |"), row_of("| SERA (seqnorm) | 3 | 18.57 |")
-    swap = {
-        token: "| SERA (token-mean) |" + seq.split("| SERA (seqnorm) |")[1],
-        seq: "| SERA (seqnorm) |" + token.split("| SERA (token-mean) |")[1],
-    }
+    token_label, seq_label = "| SERA with pilots (token-mean) |", "| SERA with pilots (seqnorm) |"
+    token, seq = row_of(f"{token_label} 5 | 20.28 |"), row_of(f"{seq_label} 3 | 18.57 |")
+    swap = {token: token_label + seq.split(seq_label)[1], seq: seq_label + token.split(token_label)[1]}
     text = "\n".join(swap.get(line, line) for line in page_with(token).splitlines())
-    assert_caught(text, "'method': 'SERA (token-mean)'", "'method': 'SERA (seqnorm)'")
+    assert_caught(text, "'method': 'SERA with pilots (token-mean)'", "'method': 'SERA with pilots (seqnorm)'")
 
 
 def test_relabelled_row_is_caught():
