@@ -278,7 +278,9 @@ def delta_rows(tested: str, groups, datasets, ks, reference, num_resamples: int)
             ]
             pair = baseline_pair(candidates, f"{shown}, {norm}", tested)
             cells = {}
-            if isinstance(pair, tuple):
+            if isinstance(pair, tuple):  # pooled over the seeds both ran: each seed's pair started from one base model
+                both = {r.get("seed") for r in pair[0]} & {r.get("seed") for r in pair[1]}
+                pair = tuple([r for r in g if r.get("seed") in both] for g in pair) if both else pair
                 a, b = (per_question(g, dataset, ks) for g in pair)
                 x, y, common = pair_by_question(a, b, f"{shown} {what} ({norm})")
                 ci = paired_bootstrap_ci(x, y, num_resamples=num_resamples)
