@@ -207,7 +207,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     folder = "maze-cpu_pool"
     registered = load_runs(args.runs / folder)
-    sink, controls = load_runs(args.runs / "sink" / folder), load_runs(args.runs / "e2" / folder)
+    rl = lambda root: [r for r in load_runs(root) if r.get("experiment") == "maze"]  # noqa: E731 (not base models)
+    sink, controls = rl(args.runs / "sink" / folder), rl(args.runs / "e2" / folder)
     out = args.out / "sink"
     c6 = next(c for c in CLAIMS if c.name.startswith("C6"))
     rows = footprint_rows(C5, registered) + footprint_rows(c6, load_runs(args.runs / f"{c6.study}-cpu"))
