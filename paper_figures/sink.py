@@ -32,7 +32,7 @@ from sera.stats import seed_t_interval
 C5 = next(c for c in CLAIMS if c.name.startswith("C5"))
 SINK_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "sink"
 FIRST_ALLOCATION = 32  # the step whose record holds the end of the uniform epoch 0 (1,024 mazes / B = 32)
-MIN_SEEDS = 6  # the plan's seeds before an intervention is read
+MIN_SEEDS = {"cap": 4}  # the plan's seeds before an intervention is read: 6, the later ones 4 (amendment 2)
 
 
 def flat(node: dict, prefix: str = "") -> dict:
@@ -78,11 +78,11 @@ def interval_cell(diffs: list[float]) -> str:
     return f"{ci.delta:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}]" if len(diffs) > 1 else f"{ci.delta:+.2f}"
 
 
-def reading(own: list[float], rule: list[float], against_rule: list[float]) -> str:
+def reading(own: list[float], rule: list[float], against_rule: list[float], minimum: int = 6) -> str:
     """The plan's reading: removes the sink (own interval not below zero where the rule's is), helps (paired
     difference against the rule above zero), or not shown to help; in progress below MIN_SEEDS seeds."""
-    if len(own) < MIN_SEEDS:
-        return f"in progress ({len(own)} of {MIN_SEEDS} seeds)"
+    if len(own) < minimum:
+        return f"in progress ({len(own)} of {minimum} seeds)"
     own_ci, rule_ci = seed_t_interval(np.asarray(own)), seed_t_interval(np.asarray(rule))
     words = []
     if own_ci.high >= 0 > rule_ci.high:
@@ -109,7 +109,7 @@ def intervention_rows(registered: list[Run], sink: list[Run]) -> list[list]:
         versus = [v for _, _, _, v in pairs if v is not None]
         each = ", ".join(f"{s}: {d:+.2f}" for s, d, _, _ in pairs)
         rows.append([name, len(own), interval_cell(own), interval_cell(c5), interval_cell(versus),
-                     reading(own, c5, versus), each])  # fmt: skip
+                     reading(own, c5, versus, MIN_SEEDS.get(name, 6)), each])  # fmt: skip
     return rows
 
 
@@ -162,8 +162,8 @@ def regime(sink: list[Run], controls: list[Run], registered: list[Run], stem: Pa
         d, first = paired(run, against), measures(run)["first"]
         if d is not None and first is not None:
             points.append((name, first, d))
-    if len(points) < 3:
-        return f"regime: {len(points)} pair(s) with a first-allocation share; no slope below 3"
+    if len({p[1] for p in points}) < 3:  # a slope needs the share to vary: three distinct values at least
+        return f"regime: {len(points)} pair(s), {len({p[1] for p in points})} distinct share(s); no slope below 3"
     from scipy.stats import t
 
     x, y = np.array([p[1] for p in points]), np.array([p[2] for p in points])
