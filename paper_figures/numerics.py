@@ -25,28 +25,34 @@ RESULTS = Path("results/cpu")
 OUT = Path("paper_figures/out")
 
 
+UNRECORDED = {"level": "unrecorded"}
+
+
+def finished_runs(root: Path) -> list[Path]:
+    """The run directories under `root` (at any depth) that hold DONE, in sorted order."""
+    return sorted(p.parent for p in root.rglob(DONE_FILE)) if root.is_dir() else []
+
+
+def fingerprint(run: Path, before: dict = UNRECORDED) -> dict:
+    """A run's numerics.json, or `before` for a run made before runs recorded one."""
+    return json.loads((run / NUMERICS_FILE).read_text()) if (run / NUMERICS_FILE).exists() else before
+
+
 def made_here(root: Path) -> tuple[list[dict], int]:
     """The fingerprints of the finished runs under `root` made on this machine (not restored from the archive), and
     how many were restored (ARCHIVED: records only, not rerun)."""
-    runs = sorted(p.parent for p in root.rglob(DONE_FILE)) if root.is_dir() else []
+    runs = finished_runs(root)
     restored = [run for run in runs if (run / ARCHIVED_FILE).exists()]
     return [fingerprint(run) for run in runs if run not in restored], len(restored)
-
-
-def fingerprint(run: Path) -> dict:
-    return json.loads((run / NUMERICS_FILE).read_text()) if (run / NUMERICS_FILE).exists() else {"level": "unrecorded"}
 
 
 def run_fingerprints(root: Path) -> list[dict]:
     """The numerics.json of every run under `root` (at any depth), in sorted order. A run made before runs recorded
     one takes the folder's own numerics.json (what was found out about those runs later), else counts as
     {'level': 'unrecorded'}."""
-    if not root.is_dir():
-        return []
     folder = root / NUMERICS_FILE
-    before = json.loads(folder.read_text()) if folder.exists() else {"level": "unrecorded"}
-    runs = sorted(p.parent for p in root.rglob("DONE"))
-    return [json.loads((run / NUMERICS_FILE).read_text()) if (run / NUMERICS_FILE).exists() else before for run in runs]
+    before = json.loads(folder.read_text()) if folder.exists() else UNRECORDED
+    return [fingerprint(run, before) for run in finished_runs(root)]
 
 
 def table_fingerprints(folder: str, archive: Path = ARCHIVE, results: Path = RESULTS) -> list[dict]:

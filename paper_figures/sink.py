@@ -18,6 +18,7 @@ point a pair with both, with the OLS slope and its 95% interval.
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,6 @@ from sera.stats import seed_t_interval
 
 C5 = next(c for c in CLAIMS if c.name.startswith("C5"))
 SINK_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "sink"
-FIRST_ALLOCATION = 32  # the step whose record holds the end of the uniform epoch 0 (1,024 mazes / B = 32)
 MIN_SEEDS = {"cap": 4}  # the plan's seeds before an intervention is read: 6, the later ones 4 (amendment 2)
 
 
@@ -42,8 +42,9 @@ def flat(node: dict, prefix: str = "") -> dict:
     return out
 
 
+@functools.cache
 def interventions() -> dict[str, dict]:
-    """Each named intervention (configs/sink/<name>.yaml) as its dotted settings."""
+    """Each named intervention (configs/sink/<name>.yaml) as its dotted settings (read once)."""
     return {p.stem: flat(yaml.safe_load(p.read_text())) for p in sorted(SINK_CONFIGS.glob("*.yaml"))}
 
 
@@ -53,6 +54,22 @@ def intervention_of(run: Run) -> str | None:
         if all(run.get(key) == value for key, value in settings.items()):
             return name
     return None
+
+
+def by_intervention(sink: list[Run]) -> dict[str, list[Run]]:
+    """The sink folder's runs under each named intervention (every name present, empty where none ran)."""
+    groups = {name: [] for name in interventions()}
+    for run in sink:
+        name = intervention_of(run)
+        if name is not None:
+            groups[name].append(run)
+    return groups
+
+
+def against_of(name: str, seed: int, own: list[Run], registered_maxrl: dict[int, Run]) -> Run | None:
+    """The MaxRL run an intervention's SERA run of `seed` pairs with: its own rerun where the intervention changes
+    MaxRL too (authors_optim), else C5's archived run of the seed."""
+    return by_seed(own, "maxrl").get(seed) if name == "authors_optim" else registered_maxrl.get(seed)
 
 
 def endpoint(run: Run) -> float | None:
@@ -95,13 +112,10 @@ def reading(own: list[float], rule: list[float], against_rule: list[float], mini
 def intervention_rows(registered: list[Run], sink: list[Run]) -> list[list]:
     maxrl, rule = by_seed(registered, "maxrl"), by_seed(registered, "sera")
     rows = []
-    for name in interventions():
-        runs = [r for r in sink if intervention_of(r) == name]
-        own_maxrl = by_seed(runs, "maxrl")
+    for name, runs in by_intervention(sink).items():
         pairs = []
         for seed, run in sorted(by_seed(runs, "sera").items()):
-            against = own_maxrl.get(seed) if name == "authors_optim" else maxrl.get(seed)
-            d, c5 = paired(run, against), paired(rule.get(seed), maxrl.get(seed))
+            d, c5 = paired(run, against_of(name, seed, runs, maxrl)), paired(rule.get(seed), maxrl.get(seed))
             if d is not None:
                 pairs.append((seed, d, c5, paired(run, rule.get(seed))))
         own = [d for _, d, _, _ in pairs]
@@ -125,15 +139,17 @@ def footprint_rows(claim, runs: list[Run]) -> list[list]:
         mixed = [float(np.mean(r.series("alloc/effective_groups")[1])) for r in chosen]
         median = lambda values: float(np.median(values)) if values else None  # noqa: E731
         runs_with = f"{len(firsts)} of {len(chosen)}"
+        first = median(firsts) if firsts else "none"  # no run had such a step (not "not run")
         rows.append([claim.name.split(",")[0], method, len(chosen), median([d.size for d in dead]),
-                     sum(d.size for d in dead), runs_with, median(firsts), median(mixed)])  # fmt: skip
+                     sum(d.size for d in dead), runs_with, first, median(mixed)])  # fmt: skip
     return rows
 
 
 def measures(run: Run) -> dict:
     """A sink run's measures (sera.sink): the never-solved share at the first allocation, the mean share of a step's
     rollouts on never-solved prompts from epoch 1, mean mixed groups, steps with no gradient."""
-    first = next((r.get("pool/never_solved") for r in run.records if r["step"] == FIRST_ALLOCATION), None)
+    allocation = run.get("task.pool_size") // run.get("train.batch_size")  # the first step after the uniform epoch
+    first = next((r.get("pool/never_solved") for r in run.records if r["step"] == allocation), None)
     _, share = run.series("alloc/unsolved_share")
     steps, live = run.series("train/live_rollouts")
     mixed = float(np.mean(run.series("alloc/effective_groups")[1]))
@@ -143,8 +159,7 @@ def measures(run: Run) -> dict:
 
 def mechanism_rows(sink: list[Run], controls: list[Run]) -> list[list]:
     rows = []
-    for label, runs in (("control", controls), *((n, [r for r in sink if intervention_of(r) == n]) for n in
-                                                  interventions())):  # fmt: skip
+    for label, runs in {"control": controls, **by_intervention(sink)}.items():
         for run in sorted((r for r in runs if r.finished), key=lambda r: (r.get("method.name"), r.get("seed"))):
             m = measures(run)
             rows.append([label, run.get("method.name"), run.get("seed"), m["first"], m["share"], m["mixed"], m["dead"]])
@@ -155,13 +170,11 @@ def regime(sink: list[Run], controls: list[Run], registered: list[Run], stem: Pa
     """SERA minus MaxRL against the never-solved share at the first allocation, a point a pair; OLS slope [95%]."""
     maxrl = by_seed(registered, "maxrl")
     points = []
-    for run in [r for r in [*sink, *controls] if r.finished and r.get("method.name") == "sera"]:
-        name = "control" if run in controls else intervention_of(run)
-        against = by_seed([r for r in sink if intervention_of(r) == name], "maxrl").get(run.get("seed")) if (
-            name == "authors_optim") else maxrl.get(run.get("seed"))  # fmt: skip
-        d, first = paired(run, against), measures(run)["first"]
-        if d is not None and first is not None:
-            points.append((name, first, d))
+    for name, runs in {"control": controls, **by_intervention(sink)}.items():
+        for seed, run in by_seed(runs, "sera").items():
+            d, first = paired(run, against_of(name, seed, runs, maxrl)), measures(run)["first"]
+            if d is not None and first is not None:
+                points.append((name, first, d))
     if len({p[1] for p in points}) < 3:  # a slope needs the share to vary: three distinct values at least
         return f"regime: {len(points)} pair(s), {len({p[1] for p in points})} distinct share(s); no slope below 3"
     from scipy.stats import t

@@ -227,11 +227,12 @@ class SERAGRPOTrainer(GRPOTrainer):
         self.last_step: SeraStep | None = None
         self._history, self._history_index, self._sink = None, None, None
         self._generations = 0  # training generation batches so far: the Beta history's epochs count them
-        if settings.estimator in ("history", "beta") or watches_sink(config, given["train_dataset"]):
+        watched = watches_sink(config, given["train_dataset"])
+        if settings.estimator in ("history", "beta") or watched:
             column = given["train_dataset"][config.prompt_id_column]
             self._history_index = {value: i for i, value in enumerate(dict.fromkeys(column))}
             size = len(self._history_index)
-            self._sink = SinkMonitor(size) if watches_sink(config, given["train_dataset"]) else None
+            self._sink = SinkMonitor(size) if watched else None
         if settings.estimator in ("history", "beta"):
             self._history = (
                 BetaHistory(size) if settings.estimator == "beta"

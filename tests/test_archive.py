@@ -3,7 +3,10 @@ spread over sessions skips them and builds one table from every seed."""
 
 import gzip
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,10 +186,6 @@ def test_a_reproduction_trains_again_a_run_restored_by_make_tables(tmp_path):
     """`make tables` restores the archive into runs/ (records only, ARCHIVED); a reproduce target's sweep
     (run.rerun_archived=true) then trains that run again instead of skipping it as finished, and the comparison
     counts it as made here. Without the setting the restored run is skipped, as a grid continuing an archive wants."""
-    import os
-    import subprocess
-    import sys
-
     runs, store = tmp_path / "runs", tmp_path / "archive"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
 

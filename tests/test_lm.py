@@ -758,7 +758,7 @@ def test_the_sink_interventions_are_refused_for_a_method_without_the_beta_histor
         settings(cfg)
 
 
-def test_maxrl_on_a_pool_logs_the_sink_measures_without_changing_its_records(tmp_path):
+def test_maxrl_on_a_pool_logs_the_sink_measures_without_changing_its_records(tmp_path, monkeypatch):
     """The monitor watches from outside: a MaxRL run on a pool read in epochs has the same records as with the
     monitor switched off (its keys aside), and logs the never-solved share from epoch 1 and each epoch's end."""
     from sera import lm_loop
@@ -766,11 +766,8 @@ def test_maxrl_on_a_pool_logs_the_sink_measures_without_changing_its_records(tmp
     cfg = loop_cfg("maxrl", "none", 0, steps=12)
     _, watched = run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
     original = lm_loop.make_history
-    lm_loop.make_history = lambda *args: (original(*args)[0], None)
-    try:
-        _, plain = run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
-    finally:
-        lm_loop.make_history = original
+    monkeypatch.setattr(lm_loop, "make_history", lambda *args: (original(*args)[0], None))  # no monitor
+    _, plain = run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
     added = ("alloc/unsolved_share", "alloc/unsolved_active", "alloc/solved_n_median", "pool/", "sink/")
     assert [{k: v for k, v in r.items() if not k.startswith(added)} for r in watched] == plain
     assert all(r["alloc/unsolved_share"] == 0.5 for r in watched[4:])  # uniform counts, half on odd prompts
