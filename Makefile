@@ -241,21 +241,23 @@ else
 endif
 
 # The never-solved sink (results/cpu/PLAN_SINK.md, exploratory): the authors' rule on the maze pool with one change,
-# configs/sink/$(INTERVENTION).yaml (MaxRL rerun too where the change is MaxRL's as well: authors_optim), in runs/sink
-# with base models of its own, archived in results/runs/sink/ apart from C5's grid; paper_figures.sink pairs each
-# with C5's archived MaxRL run of its seed where the two base models are the same. INTERVENTION=control reruns C5's
+# configs/sink/$(INTERVENTION).yaml (MaxRL rerun too where the change is MaxRL's as well, a setting outside alloc:
+# authors_optim, strong_base), in runs/sink with base models of its own, archived in results/runs/sink/ apart from
+# C5's grid; paper_figures.sink pairs each other one with C5's archived MaxRL run of its seed where the two base
+# models are the same. INTERVENTION=control reruns C5's
 # own runs with the sink measures in runs/e2 (E2, checked against the archive by paper_figures.unsolved). Seeds: those
 # whose archived base model reproduces on this CPU (the plan).
 INTERVENTION ?=
 SINK_SEEDS ?= 17-22
 SINK_DIR = $(if $(filter control,$(INTERVENTION)),e2,sink)
-SINK_METHODS = $(if $(filter authors_optim,$(INTERVENTION)),maxrl$(comma))sera
+SINK_MAXRL = $(if $(filter-out control,$(INTERVENTION)),$(shell grep -Evq '^(\#|alloc:|[[:space:]]*$$)' configs/sink/$(INTERVENTION).yaml 2>/dev/null && echo 1))
+SINK_METHODS = $(if $(SINK_MAXRL),maxrl$(comma))sera
 sink: SCALE = cpu_pool
 sink: RERUN =
-sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim|cap SINK_SEEDS=17-22 JOBS= (a base model and a run: about 1 h on one busy core)
+sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim|cap|strong_base|weight_cap SINK_SEEDS=17-22 JOBS= (a base model and a run: about 1 h on one busy core)
 	@test "$(INTERVENTION)" = control -o -f "configs/sink/$(INTERVENTION).yaml" || { echo "make sink needs INTERVENTION=control or one of: $$(ls configs/sink | sed 's/\.yaml$$//' | paste -sd' ')"; exit 2; }
 	$(ARCHIVE) restore --folder $(SINK_DIR)
-	$(call BASES,$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR),$(call seeds,$(SINK_SEEDS)))
+	$(call BASES,$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR) $(if $(SINK_MAXRL),+sink=$(INTERVENTION)),$(call seeds,$(SINK_SEEDS)))
 	$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR) method=$(SINK_METHODS) method.aggregation=token-mean $(if $(filter-out control,$(INTERVENTION)),+sink=$(INTERVENTION)) seed=$(call seeds,$(SINK_SEEDS))
 	$(ARCHIVE) save --folder $(SINK_DIR)/maze-$(SCALE)
 	$(if $(filter control,$(INTERVENTION)),$(PY) -m paper_figures.unsolved --runs runs/e2/maze-cpu_pool --archive results/runs/maze-cpu_pool)

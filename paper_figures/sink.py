@@ -8,7 +8,7 @@ Three tables into <out>/sink/ (published into <results>/sink/ unless the committ
 - interventions.md: each intervention of the plan (runs/sink/maze-cpu_pool, named by configs/sink/), SERA with it
   minus MaxRL at C5's endpoint (held-out Pass@32 at step 800) seed by seed, the seed-level 95% t-interval, the same for
   the authors' rule on those seeds, and the plan's reading. A pair stands only where both runs started from one base
-  model (`base.json`); MaxRL is C5's archived run of the seed unless the intervention reruns it (authors_optim).
+  model (`base.json`); MaxRL is C5's archived run of the seed unless the intervention changes MaxRL too and reruns it (authors_optim, strong_base).
 - mechanism.md: each sink run's measures (sera.sink): the never-solved share at the first allocation (step 32), the
   mean share of a step's rollouts on never-solved prompts from epoch 1, mixed groups, steps with no gradient.
 And the regime picture (regime.png): SERA minus MaxRL against the never-solved share at the first allocation, one
@@ -32,7 +32,7 @@ from sera.stats import seed_t_interval
 
 C5 = next(c for c in CLAIMS if c.name.startswith("C5"))
 SINK_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "sink"
-MIN_SEEDS = {"cap": 4}  # the plan's seeds before an intervention is read: 6, the later ones 4 (amendment 2)
+MIN_SEEDS = {"cap": 4, "strong_base": 4, "weight_cap": 4}  # seeds before a reading: 6, the later ones 4 (amendments 2, 3)
 
 
 def flat(node: dict, prefix: str = "") -> dict:
@@ -66,10 +66,16 @@ def by_intervention(sink: list[Run]) -> dict[str, list[Run]]:
     return groups
 
 
+def reruns_maxrl(name: str) -> bool:
+    """Whether an intervention changes MaxRL too (a setting outside `alloc`, which only the authors' rule reads: the
+    optimiser, the base model), so that MaxRL is rerun with it (the Makefile's SINK_METHODS reads the same)."""
+    return any(not key.startswith("alloc.") for key in interventions().get(name, {}))  # the control: none
+
+
 def against_of(name: str, seed: int, own: list[Run], registered_maxrl: dict[int, Run]) -> Run | None:
     """The MaxRL run an intervention's SERA run of `seed` pairs with: its own rerun where the intervention changes
-    MaxRL too (authors_optim), else C5's archived run of the seed."""
-    return by_seed(own, "maxrl").get(seed) if name == "authors_optim" else registered_maxrl.get(seed)
+    MaxRL too (reruns_maxrl), else C5's archived run of the seed."""
+    return by_seed(own, "maxrl").get(seed) if reruns_maxrl(name) else registered_maxrl.get(seed)
 
 
 def endpoint(run: Run) -> float | None:

@@ -49,6 +49,7 @@ ADDED_DEFAULTS = {
     ("train", "logprob_chunk"): None,
     ("alloc", "never_solved"): "keep",
     ("alloc", "uniform_epochs"): 1,
+    ("alloc", "weight_cap"): None,
 }
 
 

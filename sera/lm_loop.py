@@ -139,6 +139,7 @@ class LoopSettings:
     logprob_chunk: int | None = None  # the loss's log-softmax this many positions at a time, recomputed in backward
     never_solved: str = "keep"  # the authors' rule: keep (theirs) | leave_out | cap never-solved prompts (PLAN_SINK.md)
     uniform_epochs: int = 1  # the authors' rule: epochs allocated uniformly before the Beta history is read (theirs 1)
+    weight_cap: float | None = None  # SERA's weights n0 / n_i capped at this (the sink's negative control; theirs none)
 
     @classmethod
     def from_config(cls, cfg) -> LoopSettings:
@@ -162,10 +163,13 @@ class LoopSettings:
             logprob_chunk=None if t.get("logprob_chunk") is None else int(t.logprob_chunk),
             never_solved=str(cfg.alloc.get("never_solved", "keep")),
             uniform_epochs=int(cfg.alloc.get("uniform_epochs", 1)),
+            weight_cap=None if cfg.alloc.get("weight_cap") is None else float(cfg.alloc.weight_cap),
         )  # fmt: skip
         if s.never_solved not in NEVER_SOLVED or s.uniform_epochs < 1:
             raise ValueError(f"need alloc.never_solved in {NEVER_SOLVED} and alloc.uniform_epochs >= 1, got "
                              f"{s.never_solved!r} and {s.uniform_epochs}")  # fmt: skip
+        if s.weight_cap is not None and not 0 < s.weight_cap < float("inf"):
+            raise ValueError(f"alloc.weight_cap must be a finite number > 0 (or null), got {s.weight_cap}")
         for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
             if getattr(s, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(s, name)}")
@@ -354,6 +358,8 @@ def rl_step(
         return {**metrics, **sink_metrics, "train/skipped_empty": 1, "time/generate_s": t_gen,
                 "time/step_s": time.perf_counter() - t0}  # fmt: skip
     adv, weights = advantages_and_weights(ms, out)
+    if ls.weight_cap is not None:  # the sink's negative control (PLAN_SINK.md): the correction's weights capped
+        weights = np.minimum(weights, ls.weight_cap)
     if history is not None:
         history.update(stream.ids[out.prompts], out.successes, out.counts)
     share = rank_share(out, draw.mine, adv, weights, task.pad_id)
@@ -549,6 +555,8 @@ def make_history(ms: MethodSettings, ls: LoopSettings, task: Task):
             f"alloc.never_solved and alloc.uniform_epochs change the authors' rule's Beta history (method=sera on a "
             f"pool read in epochs); {ms.method.name} with method.estimator={ms.estimator} has none"
         )
+    if ls.weight_cap is not None and not ms.multiplicity_correction:
+        raise ValueError(f"alloc.weight_cap caps SERA's weights n0 / n_i; {ms.method.name} has none (all ones)")
     if ms.estimator == "beta" and not epochs:
         raise ValueError(
             f"the Beta history needs a fixed training set read in epochs ({task.num_prompts or 'no'} fixed "

@@ -748,6 +748,27 @@ def test_the_cap_keeps_never_solved_prompts_at_n0(tmp_path):
         assert r["alloc/solved_n_median"] == 8.0
 
 
+def test_the_weight_cap_caps_seras_weights_and_leaves_the_allocation_as_it_was(tmp_path, monkeypatch):
+    """alloc.weight_cap=2 (the sink's negative control) on HalfSolvedEpochToyTask: from epoch 1 the solved prompts sit
+    at n_min = 2, whose weight n0 / n_i = 4 is capped at 2, while the never-solved ones at 14 keep 8 / 14; the counts
+    are the authors' rule's, step for step."""
+    from sera import lm_loop
+
+    seen = []
+    original = lm_loop.rank_share
+    monkeypatch.setattr(lm_loop, "rank_share", lambda *a, **k: seen.append(a[3].copy()) or original(*a, **k))
+    cfg = loop_cfg("sera", None, 0, steps=8)
+    _, plain = run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
+    uncapped, seen[:] = list(seen), []
+    cfg.alloc.weight_cap = 2
+    _, capped = run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
+    counts = ("alloc/n_min", "alloc/n_max", "alloc/unsolved_share", "alloc/active")
+    assert [[r.get(k) for k in counts] for r in capped] == [[r.get(k) for k in counts] for r in plain]
+    assert sorted(set(np.round(uncapped[-1], 6))) == [round(8 / 14, 6), 4.0]
+    assert sorted(set(np.round(seen[-1], 6))) == [round(8 / 14, 6), 2.0]
+    assert all(w.max() <= 2 for w in seen) and all(w.max() == 1 for w in seen[:4])  # epoch 0: uniform, weights 1
+
+
 def test_the_sink_interventions_are_refused_for_a_method_without_the_beta_history(tmp_path):
     cfg = loop_cfg("maxrl", "none", 0, steps=2)
     cfg.alloc.never_solved = "leave_out"
@@ -755,6 +776,13 @@ def test_the_sink_interventions_are_refused_for_a_method_without_the_beta_histor
         run_toy(cfg, tmp_path / "a", task=EpochToyTask())
     cfg.alloc.never_solved = "drop"
     with pytest.raises(ValueError, match="alloc.never_solved in"):
+        settings(cfg)
+    cfg = loop_cfg("maxrl", "none", 0, steps=2)
+    cfg.alloc.weight_cap = 2
+    with pytest.raises(ValueError, match="alloc.weight_cap caps SERA's weights"):
+        run_toy(cfg, tmp_path / "b", task=EpochToyTask())
+    cfg.alloc.weight_cap = 0
+    with pytest.raises(ValueError, match="alloc.weight_cap must be"):
         settings(cfg)
 
 

@@ -157,3 +157,17 @@ def test_capped_prompts_keep_at_most_the_cap_and_the_others_take_what_it_frees()
     np.testing.assert_array_equal(capped_waterline(p, 80, 2, 64, 0.05, np.zeros(5, dtype=bool), 16), rule)
     full = capped_waterline(np.array([0.002, 0.5]), 128, 2, 64, 0.05, np.array([True, False]), 16)
     assert full.tolist() == [64, 64]  # the other prompt at n_max: the capped one keeps the rest
+
+
+def test_the_interventions_that_change_maxrl_rerun_it_in_make_sink_and_in_the_tables():
+    """An intervention with a setting outside `alloc` (the optimiser, the base model) changes MaxRL too: make sink
+    trains MaxRL beside SERA for it, and paper_figures.sink pairs SERA with that rerun instead of C5's archived
+    MaxRL. The two read the config files separately; they must agree for every intervention."""
+    from paper_figures import sink
+    from tests.test_makefile import dry_run, trained
+
+    assert sink.reruns_maxrl("authors_optim") and sink.reruns_maxrl("strong_base")
+    assert not any(sink.reruns_maxrl(name) for name in ("floor", "leave_out", "cap", "uniform3", "weight_cap"))
+    for name in sink.interventions():
+        methods = {m for m, _ in trained(dry_run("sink", f"INTERVENTION={name}", "SINK_SEEDS=17"), "maze")}
+        assert methods == ({"maxrl,sera"} if sink.reruns_maxrl(name) else {"sera"}), name
