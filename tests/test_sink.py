@@ -171,3 +171,31 @@ def test_the_interventions_that_change_maxrl_rerun_it_in_make_sink_and_in_the_ta
     for name in sink.interventions():
         methods = {m for m, _ in trained(dry_run("sink", f"INTERVENTION={name}", "SINK_SEEDS=17"), "maze")}
         assert methods == ({"maxrl,sera"} if sink.reruns_maxrl(name) else {"sera"}), name
+
+
+def test_the_warning_quotes_what_the_committed_interventions_table_gives_and_nothing_else():
+    """sera.sink.EVIDENCE (the warning's numbers) is the committed results/cpu/sink/interventions.csv: every
+    intervention with a seed, with its setting as its config spells it, its seeds, its difference, the authors' rule
+    on those seeds and the plan's reading; an intervention without a seed is not quoted."""
+    import csv
+
+    from paper_figures import sink
+    from sera import sink as core
+
+    table = Path(__file__).resolve().parents[1] / "results" / "cpu" / "sink" / "interventions.csv"
+    rows = {r["intervention"]: r for r in csv.DictReader(table.open())}
+    run = {name: r for name, r in rows.items() if int(r["seeds"]) > 0}
+    assert {e[0] for e in core.EVIDENCE} == set(run)
+    for name, setting, seeds, diff, rule, reading in core.EVIDENCE:
+        row = run[name]
+        config = ",".join(f"{k}={v}" for k, v in sink.interventions()[name].items())
+        assert (setting, seeds) == (config, int(row["seeds"]))
+        assert (diff, rule) == (row["SERA minus MaxRL (pp) [seed 95% t]"], row["the authors' rule on those seeds"])
+        assert reading == row["reading (exploratory)"]
+    with pytest.warns(SinkWarning) as caught:
+        monitor = SinkMonitor(2)
+        epoch_of(monitor, 0, [([0, 1], [0, 1], [4, 4], [0, 4])])
+        epoch_of(monitor, 1, [([0, 1], [0, 1], [6, 2], [0, 2])])
+        epoch_of(monitor, 2, [])
+    message = str(caught[0].message)
+    assert all(f"{setting}: {diff} over {seeds} seed" in message for _, setting, seeds, diff, *_ in core.EVIDENCE)
