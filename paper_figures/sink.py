@@ -8,7 +8,8 @@ Three tables into <out>/sink/ (published into <results>/sink/ unless the committ
 - interventions.md: each intervention of the plan (runs/sink/maze-cpu_pool, named by configs/sink/), SERA with it
   minus MaxRL at C5's endpoint (held-out Pass@32 at step 800) seed by seed, the seed-level 95% t-interval, the same for
   the authors' rule on those seeds, and the plan's reading. A pair stands only where both runs started from one base
-  model (`base.json`); MaxRL is C5's archived run of the seed unless the intervention changes MaxRL too and reruns it (authors_optim, strong_base).
+  model (`base.json`); MaxRL is C5's archived run of the seed unless the intervention changes MaxRL too and reruns
+  it (authors_optim, strong_base).
 - mechanism.md: each sink run's measures (sera.sink): the never-solved share at the first allocation (step 32), the
   mean share of a step's rollouts on never-solved prompts from epoch 1, mixed groups, steps with no gradient.
 And the regime picture (regime.png): SERA minus MaxRL against the never-solved share at the first allocation, one
@@ -32,7 +33,8 @@ from sera.stats import seed_t_interval
 
 C5 = next(c for c in CLAIMS if c.name.startswith("C5"))
 SINK_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "sink"
-MIN_SEEDS = {"cap": 4, "strong_base": 4, "weight_cap": 4}  # seeds before a reading: 6, the later ones 4 (amendments 2, 3)
+# the plan's seeds before an intervention is read: 6, the later ones 4 (amendments 2 and 3)
+MIN_SEEDS = {"cap": 4, "strong_base": 4, "weight_cap": 4}
 
 
 def flat(node: dict, prefix: str = "") -> dict:

@@ -6,7 +6,8 @@ discount 0.75, fed every step's outcomes; the method's own estimator is untouche
 reports, each step from the second epoch on, the share of the step's rollouts given to prompts never solved so far;
 at each epoch's end, the training pool's success in that epoch by the p_hat bin each prompt was read at. When more than
 half of an epoch's rollouts went to never-solved prompts it warns once for that epoch (`SinkWarning`), naming the
-remedies and what each has measured so far (EVIDENCE). Pure numpy: the suite's LM loop and `sera.trl.SERAGRPOTrainer` both call it.
+remedies and what each has measured so far (EVIDENCE). Pure numpy: the suite's LM loop and `sera.trl.SERAGRPOTrainer`
+both call it.
 """
 
 from __future__ import annotations
