@@ -2,7 +2,7 @@
 
     python -m paper_figures.sink --runs runs --out paper_figures/out --results results/cpu
 
-Three tables into <out>/sink/ (published into <results>/sink/ unless the committed ones hold more):
+Four tables into <out>/sink/ (published into <results>/sink/ unless the committed ones hold more):
 - footprint.md: the registered runs of C5 (the maze pool) and C6 (tiny-math), per method: the steps with no gradient
   (no rollout with a non-zero advantage), the first such step, and the mean mixed groups a step.
 - interventions.md: each intervention of the plan (runs/sink/maze-cpu_pool, named by configs/sink/), SERA with it
@@ -12,14 +12,16 @@ Three tables into <out>/sink/ (published into <results>/sink/ unless the committ
   it (authors_optim, strong_base).
 - mechanism.md: each sink run's measures (sera.sink): the never-solved share at the first allocation (step 32), the
   mean share of a step's rollouts on never-solved prompts from epoch 1, mixed groups, steps with no gradient.
-And the regime picture (regime.png): SERA minus MaxRL against the never-solved share at the first allocation, one
-point a pair with both, with the OLS slope and its 95% interval.
+- regime.md: the regime picture's points, SERA minus MaxRL against the never-solved share at the first allocation,
+  one a pair with both, and the OLS slope with its 95% interval (from three distinct shares); with it the figure
+  (regime.png, published as docs/figures/sink_regime.png for docs/maze.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -174,47 +176,64 @@ def mechanism_rows(sink: list[Run], controls: list[Run]) -> list[list]:
     return rows
 
 
-def regime(sink: list[Run], controls: list[Run], registered: list[Run], stem: Path) -> str:
-    """SERA minus MaxRL against the never-solved share at the first allocation, a point a pair; OLS slope [95%]."""
+def regime_points(sink: list[Run], controls: list[Run], registered: list[Run]) -> list[tuple[str, int, float, float]]:
+    """(intervention, seed, never-solved share at the first allocation, SERA minus MaxRL in pp): a point a pair with
+    both, the controls (C5's own runs again) among them."""
     maxrl = by_seed(registered, "maxrl")
     points = []
     for name, runs in {"control": controls, **by_intervention(sink)}.items():
-        for seed, run in by_seed(runs, "sera").items():
+        for seed, run in sorted(by_seed(runs, "sera").items()):
             d, first = paired(run, against_of(name, seed, runs, maxrl)), measures(run)["first"]
             if d is not None and first is not None:
-                points.append((name, first, d))
-    if len({p[1] for p in points}) < 3:  # a slope needs the share to vary: three distinct values at least
-        return f"regime: {len(points)} pair(s), {len({p[1] for p in points})} distinct share(s); no slope below 3"
+                points.append((name, seed, first, d))
+    return points
+
+
+def regime_fit(points) -> tuple[float, float, float] | None:
+    """The OLS slope of the difference on the share and its 95% t-interval; None below three distinct shares."""
+    x, y = np.array([p[2] for p in points]), np.array([p[3] for p in points])
+    if len(set(x.tolist())) < 3:  # a slope needs the share to vary: three distinct values at least
+        return None
     from scipy.stats import t
 
-    x, y = np.array([p[1] for p in points]), np.array([p[2] for p in points])
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (slope * x + intercept)
-    se = np.sqrt(resid @ resid / (x.size - 2) / np.sum((x - x.mean()) ** 2))
-    half = t.ppf(0.975, x.size - 2) * se
+    half = t.ppf(0.975, x.size - 2) * np.sqrt(resid @ resid / (x.size - 2) / np.sum((x - x.mean()) ** 2))
+    return float(slope), float(slope - half), float(slope + half)
+
+
+def regime_figure(points, fit, stem: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name in sorted({p[0] for p in points}):
-        ax.scatter([p[1] for p in points if p[0] == name], [p[2] for p in points if p[0] == name], label=name, s=18)
+        ax.scatter([p[2] for p in points if p[0] == name], [p[3] for p in points if p[0] == name], label=name, s=18)
+    x, y = np.array([p[2] for p in points]), np.array([p[3] for p in points])
+    slope, low, high = fit
     grid = np.linspace(x.min(), x.max(), 2)
-    ax.plot(grid, slope * grid + intercept, color="black", lw=1)
+    ax.plot(grid, slope * grid + (y.mean() - slope * x.mean()), color="black", lw=1)
     ax.axhline(0, color="grey", lw=0.5)
     ax.set(
         xlabel="never-solved share at the first allocation",
         ylabel="SERA minus MaxRL, Pass@32 at step 800 (pp)",
-        title=f"slope {slope:+.1f} pp per unit [{slope - half:+.1f}, {slope + half:+.1f}], {x.size} pairs",
+        title=f"exploratory: slope {slope:+.1f} pp per unit [{low:+.1f}, {high:+.1f}], {x.size} pairs",
     )
     ax.legend(fontsize=7)
     save_figure(fig, stem)
-    return (
-        f"regime: slope {slope:+.2f} pp per unit share [{slope - half:+.2f}, {slope + half:+.2f}] over {x.size} pairs"
-    )
+
+
+def regime_rows(points, fit) -> list[list]:
+    """The regime table: a row a pair, then the slope's row (or why there is none)."""
+    rows = [[name, seed, first, f"{d:+.2f}"] for name, seed, first, d in points]
+    distinct = len({p[2] for p in points})
+    slope = f"{fit[0]:+.2f} [{fit[1]:+.2f}, {fit[2]:+.2f}]" if fit else f"none: {distinct} distinct share(s), 3 needed"
+    return rows + [[f"OLS slope over {len(points)} pairs (pp per unit share) [95% t]", "", "", slope]]
 
 
 FOOTPRINT = ["claim", "method", "seeds", "steps with no gradient (median a run)", "in total", "runs with one",
              "first such step (median)", "mixed groups a step (median of run means)"]  # fmt: skip
 INTERVENTIONS = ["intervention", "seeds", "SERA minus MaxRL (pp) [seed 95% t]", "the authors' rule on those seeds",
                  "intervention minus the authors' rule", "reading (exploratory)", "per seed (pp)"]  # fmt: skip
+REGIME = ["pair", "seed", "never solved at the first allocation", "SERA minus MaxRL (pp)"]
 MECHANISM = ["run", "method", "seed", "never solved at the first allocation", "share on never-solved (epoch 1 on)",
              "mixed groups a step", "steps with no gradient"]  # fmt: skip
 
@@ -224,6 +243,7 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=Path("paper_figures/out"))
     parser.add_argument("--results", type=Path, default=Path("results/cpu"))
+    parser.add_argument("--figures", type=Path, default=Path("docs/figures"), help="where the regime figure goes")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     folder = "maze-cpu_pool"
@@ -236,10 +256,19 @@ def main(argv=None) -> None:
     write_table(out / "footprint", FOOTPRINT, rows)
     write_table(out / "interventions", INTERVENTIONS, intervention_rows(registered, sink))
     write_table(out / "mechanism", MECHANISM, mechanism_rows(sink, controls), digits=3)
-    print(regime(sink, controls, registered, out / "regime"))
-    for stem in ("footprint", "interventions", "mechanism"):
+    points = regime_points(sink, controls, registered)
+    fit = regime_fit(points)
+    write_table(out / "regime", REGIME, regime_rows(points, fit), digits=3)
+    if fit:
+        regime_figure(points, fit, out / "regime")
+    for stem in ("footprint", "interventions", "mechanism", "regime"):
         print((out / f"{stem}.md").read_text())
-        print(guard.publish_table(stem, out, args.results / "sink", args.force))
+        done = guard.publish_table(stem, out, args.results / "sink", args.force)
+        print(done)
+        if stem == "regime" and (out / "regime.png").exists() and done.startswith("wrote"):  # docs/maze.md's figure
+            args.figures.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / "regime.png", args.figures / "sink_regime.png")
+            print(f"wrote {args.figures / 'sink_regime.png'}")
 
 
 if __name__ == "__main__":
