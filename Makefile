@@ -241,20 +241,20 @@ else
 endif
 
 # The never-solved sink (results/cpu/PLAN_SINK.md, exploratory): the authors' rule on the maze pool with one change,
-# configs/sink/$(INTERVENTION).yaml (MaxRL rerun too where the change is MaxRL's as well, a setting outside alloc:
-# authors_optim, strong_base), in runs/sink with base models of its own, archived in results/runs/sink/ apart from
-# C5's grid; paper_figures.sink pairs each other one with C5's archived MaxRL run of its seed where the two base
+# configs/sink/$(INTERVENTION).yaml, in runs/sink with base models of its own, archived in results/runs/sink/ apart
+# from C5's grid. Where the change is MaxRL's as well (a setting outside alloc: authors_optim, strong_base) MaxRL is
+# rerun with it; paper_figures.sink pairs every other one with C5's archived MaxRL run of its seed where the two base
 # models are the same. INTERVENTION=control reruns C5's
 # own runs with the sink measures in runs/e2 (E2, checked against the archive by paper_figures.unsolved). Seeds: those
 # whose archived base model reproduces on this CPU (the plan).
 INTERVENTION ?=
 SINK_SEEDS ?= 17-22
 SINK_DIR = $(if $(filter control,$(INTERVENTION)),e2,sink)
-SINK_MAXRL = $(if $(filter-out control,$(INTERVENTION)),$(shell grep -Evq '^(\#|alloc:|[[:space:]]*$$)' configs/sink/$(INTERVENTION).yaml 2>/dev/null && echo 1))
+SINK_MAXRL = $(if $(filter-out control,$(INTERVENTION)),$(shell grep -E '^[^\#[:space:]]' configs/sink/$(INTERVENTION).yaml 2>/dev/null | grep -qv '^alloc:' && echo 1))
 SINK_METHODS = $(if $(SINK_MAXRL),maxrl$(comma))sera
 sink: SCALE = cpu_pool
 sink: RERUN =
-sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim|cap|strong_base|weight_cap SINK_SEEDS=17-22 JOBS= (a base model and a run: about 1 h on one busy core)
+sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SINK.md): INTERVENTION=control|floor|leave_out|uniform3|authors_optim|cap|strong_base|weight_cap SINK_SEEDS=17-22 (cap, weight_cap: 17-20; strong_base: 17 first, PLAN_SINK.md amendment 3) JOBS= (a base model and a run: about 1 h on one busy core)
 	@test "$(INTERVENTION)" = control -o -f "configs/sink/$(INTERVENTION).yaml" || { echo "make sink needs INTERVENTION=control or one of: $$(ls configs/sink | sed 's/\.yaml$$//' | paste -sd' ')"; exit 2; }
 	$(ARCHIVE) restore --folder $(SINK_DIR)
 	$(call BASES,$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR) $(if $(SINK_MAXRL),+sink=$(INTERVENTION)),$(call seeds,$(SINK_SEEDS)))

@@ -198,9 +198,11 @@ def from_config(overrides: list[str], cfg=None) -> list[str]:
     Settings TRL keeps its own way (the optimizer's betas, warm-up) are GRPOConfig's."""
     from experiments.math.model import PRETRAINED
     from experiments.math.train import family_set_name, validate
+    from sera.lm_loop import refuse_sink_settings
 
     cfg = compose(overrides) if cfg is None else cfg
     settings, loop = validate(cfg)
+    refuse_sink_settings(loop, "the TRL route")
     model, data = cfg.model, cfg.data
     name = model.path or (PRETRAINED[model.name].hub if model.name in PRETRAINED else model.name)
     args = ["--model", str(name), "--template", cfg.template, "--method", cfg.method.name, "--n0", str(cfg.n0),

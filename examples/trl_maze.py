@@ -52,12 +52,14 @@ def main(argv=None) -> SERAGRPOTrainer | None:
     from experiments.maze import task as maze
     from experiments.maze.model import build_model, build_tokenizer
     from experiments.maze.train import base_run_config, make_task, validate
+    from sera.lm_loop import refuse_sink_settings
     from sera.lm_study import study_root
     from sera.trl import RecordsCallback, RunFolderCallback
 
     overrides, a = arguments(list(sys.argv[1:] if argv is None else argv))
     cfg = compose(overrides, "maze")
     settings, loop = validate(cfg)
+    refuse_sink_settings(loop, "the TRL route")
     if cfg.task.pool_size is None:
         raise ValueError("TRL trains on a dataset: the maze needs a fixed pool (task.pool_size=N, a multiple of B)")
     a.vllm = a.vllm or ("colocate" if cfg.engine == "vllm" else "none")

@@ -35,7 +35,7 @@ from paper_figures.runs import CORRUPT_FINAL, UNFINISHED
 
 # Header names of the columns that say which row a row is (the rest hold its values), across every table.
 KEY_COLUMNS = ("dataset", "study", "normalization", "n0", "estimator", "m", "method", "seed", "k", "value", "claim",
-               "endpoint")  # fmt: skip
+               "endpoint", "intervention", "pair", "run")  # fmt: skip
 SOURCE = "source"  # where a row's numbers come from: "reproduced (...)", "not run", "paper (...)", "baseline"
 # Columns that describe a row's runs or read its numbers without measuring anything (diffed, never lost): a verdict
 # that goes from "in progress (7 of 12 seeds)" to "supported" is news, not a lost measurement

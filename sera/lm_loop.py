@@ -168,8 +168,8 @@ class LoopSettings:
         if s.never_solved not in NEVER_SOLVED or s.uniform_epochs < 1:
             raise ValueError(f"need alloc.never_solved in {NEVER_SOLVED} and alloc.uniform_epochs >= 1, got "
                              f"{s.never_solved!r} and {s.uniform_epochs}")  # fmt: skip
-        if s.weight_cap is not None and not 0 < s.weight_cap < float("inf"):
-            raise ValueError(f"alloc.weight_cap must be a finite number > 0 (or null), got {s.weight_cap}")
+        if s.weight_cap is not None and not 1 <= s.weight_cap < float("inf"):  # below 1 would scale n0's weight 1
+            raise ValueError(f"alloc.weight_cap must be a finite number >= 1 (or null), got {s.weight_cap}")
         for name in ("steps", "batch_size", "max_new_tokens", "eval_samples", "eval_max_rollouts_per_call"):
             if getattr(s, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(s, name)}")
@@ -546,10 +546,9 @@ def coverage(ls: LoopSettings, history) -> dict:
     return {"train/distinct_prompts": int(np.count_nonzero(~np.isnan(history.last_rate)))}
 
 
-def make_history(ms: MethodSettings, ls: LoopSettings, task: Task):
-    """The run's prompt history (the Beta history for the authors' rule, else the success-rate history on a fixed
-    set, else None) and its sink monitor (a fixed set read in epochs, any method; else None)."""
-    epochs = bool(task.num_prompts) and getattr(task, "epoch_order", False)
+def check_sink_settings(ms: MethodSettings, ls: LoopSettings) -> None:
+    """The sink's interventions (alloc.never_solved, alloc.uniform_epochs, alloc.weight_cap; results/cpu/PLAN_SINK.md)
+    only on a method that has what they change: the authors' Beta history, SERA's weights. ValueError otherwise."""
     if ms.estimator != "beta" and (ls.never_solved != "keep" or ls.uniform_epochs != 1):
         raise ValueError(
             f"alloc.never_solved and alloc.uniform_epochs change the authors' rule's Beta history (method=sera on a "
@@ -557,6 +556,26 @@ def make_history(ms: MethodSettings, ls: LoopSettings, task: Task):
         )
     if ls.weight_cap is not None and not ms.multiplicity_correction:
         raise ValueError(f"alloc.weight_cap caps SERA's weights n0 / n_i; {ms.method.name} has none (all ones)")
+
+
+def refuse_sink_settings(ls: LoopSettings, route: str) -> None:
+    """The sink's interventions are the suite's loop's: a route without them (TRL) refuses them rather than train
+    and record a run under a setting it did not apply."""
+    given = [f"{key}={value}" for key, value, default in (("alloc.never_solved", ls.never_solved, "keep"),
+             ("alloc.uniform_epochs", ls.uniform_epochs, 1), ("alloc.weight_cap", ls.weight_cap, None))
+             if value != default]  # fmt: skip
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: the sink's interventions run in the suite's own loop only (experiments.maze.train, "
+            f"results/cpu/PLAN_SINK.md); {route} does not apply them"
+        )
+
+
+def make_history(ms: MethodSettings, ls: LoopSettings, task: Task):
+    """The run's prompt history (the Beta history for the authors' rule, else the success-rate history on a fixed
+    set, else None) and its sink monitor (a fixed set read in epochs, any method; else None)."""
+    epochs = bool(task.num_prompts) and getattr(task, "epoch_order", False)
+    check_sink_settings(ms, ls)
     if ms.estimator == "beta" and not epochs:
         raise ValueError(
             f"the Beta history needs a fixed training set read in epochs ({task.num_prompts or 'no'} fixed "

@@ -30,7 +30,7 @@ from sera.config import (
     vllm_options,
 )
 from sera.driver import NO_CUDA
-from sera.lm_loop import LoopSettings
+from sera.lm_loop import LoopSettings, check_sink_settings
 from sera.methods import MethodSettings, Study
 from sera.plan import check_fits
 from sera.rollout import HFEngine, VLLMEngine
@@ -49,6 +49,7 @@ def validate_lm(cfg, study: Study) -> tuple[MethodSettings, LoopSettings]:
     vllm_options(cfg)
     check_parallel(cfg)
     loop = LoopSettings.from_config(cfg)
+    check_sink_settings(settings, loop)
     if cfg.engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {cfg.engine!r}")
     if cfg.device == "cuda" and not torch.cuda.is_available():

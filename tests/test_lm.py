@@ -754,16 +754,17 @@ def test_the_weight_cap_caps_seras_weights_and_leaves_the_allocation_as_it_was(t
     are the authors' rule's, step for step."""
     from sera import lm_loop
 
-    seen = []
+    seen, counts = [], []
     original = lm_loop.rank_share
-    monkeypatch.setattr(lm_loop, "rank_share", lambda *a, **k: seen.append(a[3].copy()) or original(*a, **k))
+    watch = lambda *a, **k: seen.append(a[3].copy()) or counts.append(a[0].counts) or original(*a, **k)  # noqa: E731
+    monkeypatch.setattr(lm_loop, "rank_share", watch)
     cfg = loop_cfg("sera", None, 0, steps=8)
-    _, plain = run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
-    uncapped, seen[:] = list(seen), []
+    run_toy(cfg, tmp_path / "a", task=HalfSolvedEpochToyTask())
+    uncapped, plain_counts, seen[:], counts[:] = list(seen), list(counts), [], []
     cfg.alloc.weight_cap = 2
-    _, capped = run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
-    counts = ("alloc/n_min", "alloc/n_max", "alloc/unsolved_share", "alloc/active")
-    assert [[r.get(k) for k in counts] for r in capped] == [[r.get(k) for k in counts] for r in plain]
+    run_toy(cfg, tmp_path / "b", task=HalfSolvedEpochToyTask())
+    assert [c.tolist() for c in counts] == [c.tolist() for c in plain_counts]  # every prompt's count, step for step
+    assert plain_counts[-1].tolist() == [2, 14, 2, 14]
     assert sorted(set(np.round(uncapped[-1], 6))) == [round(8 / 14, 6), 4.0]
     assert sorted(set(np.round(seen[-1], 6))) == [round(8 / 14, 6), 2.0]
     assert all(w.max() <= 2 for w in seen) and all(w.max() == 1 for w in seen[:4])  # epoch 0: uniform, weights 1
@@ -781,8 +782,8 @@ def test_the_sink_interventions_are_refused_for_a_method_without_the_beta_histor
     cfg.alloc.weight_cap = 2
     with pytest.raises(ValueError, match="alloc.weight_cap caps SERA's weights"):
         run_toy(cfg, tmp_path / "b", task=EpochToyTask())
-    cfg.alloc.weight_cap = 0
-    with pytest.raises(ValueError, match="alloc.weight_cap must be"):
+    cfg.alloc.weight_cap = 0.5  # below 1 would scale the uniform epoch's weights too
+    with pytest.raises(ValueError, match="alloc.weight_cap must be a finite number >= 1"):
         settings(cfg)
 
 

@@ -202,8 +202,11 @@ def test_the_warning_quotes_what_the_committed_interventions_table_gives_and_not
 
 
 def test_the_regime_slope_needs_three_distinct_shares_and_is_the_least_squares_line():
-    """regime_fit: points on a line give its slope with a zero-width interval; noise widens it around the OLS slope;
-    two distinct shares (however many pairs) give no slope, and the table says why."""
+    """regime_fit: points on a line give its slope with a zero-width interval; on noisy points the slope and the
+    interval are scipy's linregress with its standard error; two distinct shares (however many pairs) give no slope,
+    and the table says why."""
+    from scipy.stats import linregress, t
+
     from paper_figures import sink
 
     line = [("a", s, x, 10 - 40 * x) for s, x in enumerate([0.2, 0.4, 0.6, 0.4])]
@@ -211,7 +214,9 @@ def test_the_regime_slope_needs_three_distinct_shares_and_is_the_least_squares_l
     assert slope == pytest.approx(-40) and low == pytest.approx(-40) and high == pytest.approx(-40)
     noisy = [("a", 0, 0.2, 2.0), ("a", 1, 0.4, -9.0), ("a", 2, 0.6, -14.0), ("b", 3, 0.8, -30.0)]
     slope, low, high = sink.regime_fit(noisy)
-    assert slope == pytest.approx(np.polyfit([0.2, 0.4, 0.6, 0.8], [2, -9, -14, -30], 1)[0]) and low < slope < high
+    fit = linregress([0.2, 0.4, 0.6, 0.8], [2, -9, -14, -30])  # scipy's own fit and standard error, t with n - 2
+    assert slope == pytest.approx(fit.slope)
+    assert (high - low) / 2 == pytest.approx(t.ppf(0.975, 2) * fit.stderr)
     assert sink.regime_fit(line[:2] + [("c", 9, 0.2, 0.0)]) is None
     rows = sink.regime_rows(line[:2], None)
     assert rows[-1][-1] == "none: 2 distinct share(s), 3 needed" and rows[0] == ["a", 0, 0.2, "+2.00"]

@@ -674,3 +674,17 @@ def test_the_trainer_logs_the_sink_and_warns_when_an_epoch_sinks(tmp_path, hopel
     assert len(sinks) == (hopeless > 4) and ("sink/warned" in ended) == (hopeless > 4)
     if sinks:
         assert "epoch 1: 75% of the rollouts went to prompts never solved so far" in str(sinks[0].message)
+
+
+def test_the_trl_routes_refuse_the_sink_interventions_they_do_not_apply(tmp_path):
+    """alloc.never_solved, alloc.uniform_epochs and alloc.weight_cap are the suite's loop's (results/cpu/PLAN_SINK.md):
+    the TRL routes refuse them before any work instead of recording a run under a setting they never applied."""
+    from examples.trl_math import from_config
+    from examples.trl_maze import main
+
+    with pytest.raises(ValueError, match=r"alloc.weight_cap=2.0: the sink's interventions run in the suite's own"):
+        from_config(["scale=math/smoke", "method=sera", "alloc.weight_cap=2"])
+    pool = ["scale=maze/smoke", "task.pool_size=6", "task.pool_order=epoch", f"run.root={tmp_path}", "method=sera"]
+    with pytest.raises(ValueError, match="alloc.never_solved=leave_out, alloc.uniform_epochs=3: the sink's"):
+        main([*pool, "alloc.never_solved=leave_out", "alloc.uniform_epochs=3", "--cpu"])
+    assert not any(tmp_path.iterdir())  # refused before any work
