@@ -229,7 +229,7 @@ def regime_rows(points, fit) -> list[list]:
     rows = [[name, seed, first, f"{d:+.2f}"] for name, seed, first, d in points]
     distinct = len({p[2] for p in points})
     slope = f"{fit[0]:+.2f} [{fit[1]:+.2f}, {fit[2]:+.2f}]" if fit else f"none: {distinct} distinct share(s), 3 needed"
-    label = f"OLS slope over {len(points)} pairs (pp per unit share) [95% t, the pairs taken as independent]"
+    label = "OLS slope over the pairs above (pp per unit share) [95% t, the pairs taken as independent]"
     return rows + [[label, "", "", slope]]
 
 
