@@ -33,8 +33,14 @@ REMEDIES = (
 # (intervention, its setting, seeds, SERA minus MaxRL in pp at C5's endpoint [seed 95% t], the authors' rule on those
 # seeds, the plan's reading)
 EVIDENCE = (
-    ("leave_out", "alloc.never_solved=leave_out", 2, "-0.23 [-53.32, +52.86]", "-46.43 [-339.32, +246.47]",
-     "in progress (2 of 6 seeds)"),
+    (
+        "leave_out",
+        "alloc.never_solved=leave_out",
+        2,
+        "-0.23 [-53.32, +52.86]",
+        "-46.43 [-339.32, +246.47]",
+        "in progress (2 of 6 seeds)",
+    ),
     ("floor", "alloc.n_min=4", 1, "-40.48", "-69.48", "in progress (1 of 6 seeds)"),
 )
 
