@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 export PYTHONHASHSEED := 0
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara sink tables figures clean
+.PHONY: help install install-gpu install-gpu-dry-run reproduce-math-trl reproduce-maze-trl test test-fast docs plan ablate test-faults lint format bench install-vllm test-vllm bench-vllm test-gpu reproduce-imagenet ablate-pilot reproduce-maze reproduce-math reproduce-retrained reproduce-sara sink sink-shares tables figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -261,6 +261,17 @@ sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SIN
 	$(MAZE) scale=maze/$(SCALE) run.root=runs/$(SINK_DIR) method=$(SINK_METHODS) method.aggregation=token-mean $(if $(filter-out control,$(INTERVENTION)),+sink=$(INTERVENTION)) seed=$(call seeds,$(SINK_SEEDS))
 	$(ARCHIVE) save --folder $(SINK_DIR)/maze-$(SCALE)
 	$(if $(filter control,$(INTERVENTION)),$(PY) -m paper_figures.unsolved --runs runs/e2/maze-cpu_pool --archive results/runs/maze-cpu_pool)
+
+# The regime picture's C5 points (PLAN_SINK.md's analysis): C5's archived runs logged no never-solved share, so the
+# authors' rule's first epoch and first allocation (33 steps) are run again from each seed's base model in runs/shares
+# (archived in results/runs/shares); paper_figures.sink gives C5's archived pair of a seed the share of its run where
+# the base model is the archived one. A base model and 33 steps: about 40 min a seed on one busy core.
+sink-shares: SCALE = cpu_pool
+sink-shares: RERUN =
+sink-shares: install ## the never-solved share at the first allocation of C5's seeds (the regime picture's C5 points): SINK_SEEDS= (C5's: 0-23; here those whose base reproduces, 17-23) JOBS=
+	$(ARCHIVE) restore --folder shares
+	$(MAZE) scale=maze/$(SCALE) run.root=runs/shares method=sera method.aggregation=token-mean train.steps=33 seed=$(call seeds,$(SINK_SEEDS))
+	$(ARCHIVE) save --folder shares/maze-$(SCALE)
 
 # The maze through SERA inside TRL (examples/trl_maze.py), what SCALE=paper runs: each seed's base model trained (SFT)
 # and evaluated by the suite's loop on one process, then one accelerate launch a method and seed over GPUS_TRL

@@ -163,7 +163,8 @@ def measures(run: Run) -> dict:
     first = next((r.get("pool/never_solved") for r in run.records if r["step"] == allocation), None)
     _, share = run.series("alloc/unsolved_share")
     steps, live = run.series("train/live_rollouts")
-    mixed = float(np.mean(run.series("alloc/effective_groups")[1]))
+    _, groups = run.series("alloc/effective_groups")
+    mixed = float(groups.mean()) if groups.size else None
     return {"first": first, "share": float(share.mean()) if share.size else None, "mixed": mixed,
             "dead": int(np.sum(live == 0))}  # fmt: skip
 
@@ -177,11 +178,21 @@ def mechanism_rows(sink: list[Run], controls: list[Run]) -> list[list]:
     return rows
 
 
-def regime_points(sink: list[Run], controls: list[Run], registered: list[Run]) -> list[tuple[str, int, float, float]]:
+def regime_points(
+    sink: list[Run], controls: list[Run], registered: list[Run], shares: list[Run] = ()
+) -> list[tuple[str, int, float, float]]:
     """(intervention, seed, never-solved share at the first allocation, SERA minus MaxRL in pp): a point a pair with
-    both, the controls (C5's own runs again) among them."""
-    maxrl = by_seed(registered, "maxrl")
+    both, the controls (C5's own runs again) among them. `shares` (make sink-shares): the authors' rule's first epoch
+    and first allocation again from a seed's base model, which gives C5's archived pair of that seed its share where
+    the base model is the archived one (a control of the seed already gives it)."""
+    maxrl, rule = by_seed(registered, "maxrl"), by_seed(registered, "sera")
     points = []
+    controlled = set(by_seed(controls, "sera"))
+    for seed, run in sorted(by_seed(shares, "sera").items()):
+        d, first = paired(rule.get(seed), maxrl.get(seed)), measures(run)["first"]
+        same_base = rule.get(seed) is not None and base_of(run) == base_of(rule[seed])
+        if seed not in controlled and same_base and d is not None and first is not None:
+            points.append(("C5", seed, first, d))
     for name, runs in {"control": controls, **by_intervention(sink)}.items():
         for seed, run in sorted(by_seed(runs, "sera").items()):
             d, first = paired(run, against_of(name, seed, runs, maxrl)), measures(run)["first"]
@@ -254,13 +265,14 @@ def main(argv=None) -> None:
     registered = load_runs(args.runs / folder)
     rl = lambda root: [r for r in load_runs(root) if r.get("experiment") == "maze"]  # noqa: E731 (not base models)
     sink, controls = rl(args.runs / "sink" / folder), rl(args.runs / "e2" / folder)
+    shares = rl(args.runs / "shares" / folder)
     out = args.out / "sink"
     c6 = next(c for c in CLAIMS if c.name.startswith("C6"))
     rows = footprint_rows(C5, registered) + footprint_rows(c6, load_runs(args.runs / f"{c6.study}-cpu"))
     write_table(out / "footprint", FOOTPRINT, rows)
     write_table(out / "interventions", INTERVENTIONS, intervention_rows(registered, sink))
     write_table(out / "mechanism", MECHANISM, mechanism_rows(sink, controls), digits=3)
-    points = regime_points(sink, controls, registered)
+    points = regime_points(sink, controls, registered, shares)
     fit = regime_fit(points)
     write_table(out / "regime", REGIME, regime_rows(points, fit), digits=3)
     if fit:

@@ -220,3 +220,34 @@ def test_the_regime_slope_needs_three_distinct_shares_and_is_the_least_squares_l
     assert sink.regime_fit(line[:2] + [("c", 9, 0.2, 0.0)]) is None
     rows = sink.regime_rows(line[:2], None)
     assert rows[-1][-1] == "none: 2 distinct share(s), 3 needed" and rows[0] == ["a", 0, 0.2, "+2.00"]
+
+
+def test_a_share_run_gives_c5s_archived_pair_its_point_only_from_the_archived_base_model(tmp_path):
+    """make sink-shares: the authors' rule's first 33 steps again from a seed's base model. Its never-solved share at
+    the first allocation (step 32 = pool 1024 / B 32) becomes the regime point of C5's archived pair of that seed,
+    only where its base model is the archived one, and not where a control of that seed already gives the point."""
+    from paper_figures import sink
+    from paper_figures.runs import load_runs
+
+    registered, shares, controls = tmp_path / "maze-cpu_pool", tmp_path / "shares", tmp_path / "e2"
+    for seed in (17, 18, 19):
+        fake_run(registered, f"maxrl_seed-{seed}", "maxrl", seed, 3, f"b{seed}")
+        fake_run(registered, f"sera_seed-{seed}", "sera", seed, 1 + (seed == 18), f"b{seed}")
+        run = shares / f"sera_seed-{seed}"
+        fake_run(shares, run.name, "sera", seed, 0, "other" if seed == 19 else f"b{seed}",
+                 task={"pool_size": 1024}, train={"batch_size": 32, "steps": 33})  # fmt: skip
+        steps = [{"step": s, "train/live_rollouts": 5, "alloc/effective_groups": 3} for s in range(33)]
+        steps[32] |= {"pool/never_solved": 0.5 + seed / 100, "alloc/unsolved_share": 0.6}
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    fake_run(controls, "sera_seed-17", "sera", 17, 1, "b17", task={"pool_size": 1024}, train={"batch_size": 32})
+    points = sink.regime_points([], load_runs(controls), load_runs(registered), load_runs(shares))
+    assert [(name, seed) for name, seed, *_ in points] == [("C5", 18)]  # 17: the control's; 19: another base model
+    assert points[0][2:] == pytest.approx((0.68, -25.0))  # Pass@32 50% against MaxRL's 75%
+
+
+def test_make_sink_shares_runs_the_authors_rule_for_its_first_allocation_only():
+    from tests.test_makefile import dry_run
+
+    lines = [line for line in dry_run("sink-shares", "SINK_SEEDS=17-18") if "experiments.maze.train" in line]
+    assert len(lines) == 1 and "run.root=runs/shares" in lines[0] and "rerun_archived" not in lines[0]
+    assert all(word in lines[0].split() for word in ("method=sera", "train.steps=33", "seed=17,18"))
