@@ -229,7 +229,7 @@ def regime_figure(points, fit, stem: Path) -> None:
     ax.set(
         xlabel="never-solved share at the first allocation",
         ylabel="SERA minus MaxRL, Pass@32 at step 800 (pp)",
-        title=f"exploratory: slope {slope:+.1f} pp per unit [{low:+.1f}, {high:+.1f}], {x.size} pairs",
+        title=f"exploratory, {x.size} pairs: slope {slope:+.1f} pp per unit share\n[{low:+.1f}, {high:+.1f}] (95% t)",
     )
     ax.legend(fontsize=7)
     save_figure(fig, stem)

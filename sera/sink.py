@@ -36,10 +36,10 @@ EVIDENCE = (
     (
         "leave_out",
         "alloc.never_solved=leave_out",
-        2,
-        "-0.23 [-53.32, +52.86]",
-        "-46.43 [-339.32, +246.47]",
-        "in progress (2 of 6 seeds)",
+        3,
+        "-1.65 [-13.68, +10.39]",
+        "-37.69 [-106.18, +30.80]",
+        "in progress (3 of 6 seeds)",
     ),
     ("floor", "alloc.n_min=4", 1, "-40.48", "-69.48", "in progress (1 of 6 seeds)"),
 )
