@@ -41,7 +41,7 @@ EVIDENCE = (
         "-37.69 [-106.18, +30.80]",
         "in progress (3 of 6 seeds)",
     ),
-    ("floor", "alloc.n_min=4", 1, "-40.48", "-69.48", "in progress (1 of 6 seeds)"),
+    ("floor", "alloc.n_min=4", 2, "-41.46 [-53.83, -29.08]", "-44.85 [-357.75, +268.04]", "in progress (2 of 6 seeds)"),
 )
 
 
