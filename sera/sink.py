@@ -36,10 +36,10 @@ EVIDENCE = (
     (
         "leave_out",
         "alloc.never_solved=leave_out",
-        3,
-        "-1.65 [-13.68, +10.39]",
-        "-37.69 [-106.18, +30.80]",
-        "in progress (3 of 6 seeds)",
+        4,
+        "-3.34 [-11.63, +4.95]",
+        "-37.79 [-73.61, -1.96]",
+        "in progress (4 of 6 seeds)",
     ),
     ("floor", "alloc.n_min=4", 2, "-41.46 [-53.83, -29.08]", "-44.85 [-357.75, +268.04]", "in progress (2 of 6 seeds)"),
 )
