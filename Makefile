@@ -265,7 +265,8 @@ sink: install ## the sink's interventions on the maze pool (results/cpu/PLAN_SIN
 # The regime picture's C5 points (PLAN_SINK.md's analysis): C5's archived runs logged no never-solved share, so the
 # authors' rule's first epoch and first allocation (33 steps) are run again from each seed's base model in runs/shares
 # (archived in results/runs/shares); paper_figures.sink gives C5's archived pair of a seed the share of its run where
-# the base model is the archived one. A base model and 33 steps: about 40 min a seed on one busy core.
+# the base model is the archived one. A seed is a base model (about 6 min on one busy core here) and 33 steps with
+# one evaluation; not yet timed as a whole.
 sink-shares: SCALE = cpu_pool
 sink-shares: RERUN =
 sink-shares: install ## the never-solved share at the first allocation of C5's seeds (the regime picture's C5 points): SINK_SEEDS= (C5's: 0-23; here those whose base reproduces, 17-23) JOBS=

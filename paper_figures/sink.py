@@ -277,14 +277,15 @@ def main(argv=None) -> None:
     write_table(out / "regime", REGIME, regime_rows(points, fit), digits=3)
     if fit:
         regime_figure(points, fit, out / "regime")
+    published = {}
     for stem in ("footprint", "interventions", "mechanism", "regime"):
         print((out / f"{stem}.md").read_text())
-        done = guard.publish_table(stem, out, args.results / "sink", args.force)
-        print(done)
-        if stem == "regime" and fit and (out / "regime.png").exists() and done.startswith("wrote"):  # docs/maze.md's
-            args.figures.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out / "regime.png", args.figures / "sink_regime.png")
-            print(f"wrote {args.figures / 'sink_regime.png'}")
+        published[stem] = guard.publish_table(stem, out, args.results / "sink", args.force)
+        print(published[stem])
+    if fit and (out / "regime.png").exists() and published["regime"].startswith("wrote"):  # docs/maze.md's figure
+        args.figures.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "regime.png", args.figures / "sink_regime.png")
+        print(f"wrote {args.figures / 'sink_regime.png'}")
 
 
 if __name__ == "__main__":

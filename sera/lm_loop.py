@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -561,9 +561,9 @@ def check_sink_settings(ms: MethodSettings, ls: LoopSettings) -> None:
 def refuse_sink_settings(ls: LoopSettings, route: str) -> None:
     """The sink's interventions are the suite's loop's: a route without them (TRL) refuses them rather than train
     and record a run under a setting it did not apply."""
-    given = [f"{key}={value}" for key, value, default in (("alloc.never_solved", ls.never_solved, "keep"),
-             ("alloc.uniform_epochs", ls.uniform_epochs, 1), ("alloc.weight_cap", ls.weight_cap, None))
-             if value != default]  # fmt: skip
+    defaults = {f.name: f.default for f in fields(LoopSettings)}
+    given = [f"alloc.{name}={getattr(ls, name)}" for name in ("never_solved", "uniform_epochs", "weight_cap")
+             if getattr(ls, name) != defaults[name]]  # fmt: skip
     if given:
         raise ValueError(
             f"{', '.join(given)}: the sink's interventions run in the suite's own loop only (experiments.maze.train, "

@@ -47,12 +47,12 @@ EVIDENCE = (
 
 def evidence() -> str:
     """EVIDENCE in words, for the warning."""
+    if not EVIDENCE:
+        return "; none has measured anything yet (results/cpu/sink/interventions.md)"
     measured = "; ".join(
         f"{setting}: {diff} over {seeds} seed{'s' * (seeds > 1)} (the authors' rule {rule}), {reading}"
         for _, setting, seeds, diff, rule, reading in EVIDENCE
     )
-    if not EVIDENCE:
-        return "; none has measured anything yet (results/cpu/sink/interventions.md)"
     shown = [name for name, *_, reading in EVIDENCE if "removes the sink" in reading or "helps" in reading]
     verdict = f"shown to work: {', '.join(shown)}" if shown else "none yet shown to work at the plan's seeds"
     return (
